@@ -1,0 +1,375 @@
+"""The environment-transition data model shared by every adapter, the store and the trainer.
+
+Everything here is plain Python (no torch, no framework) and round-trips through JSON, so a
+trajectory recorded by a LangChain agent today is readable by the trainer of a later release.
+Objects validate on creation and on load: a bad value raises `SchemaError` naming the field,
+because a silently wrong token id would train the model on garbage.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+SCHEMA_VERSION = 1
+"""Version of the JSON layout written by `to_dict`; bumped on any incompatible change."""
+
+STATUSES = ("incomplete", "complete", "failed", "truncated")
+"""`incomplete`: the episode was never closed (still running, or its process died)."""
+
+
+class SchemaError(ValueError):
+    """Data that does not fit the schema; the message starts with the offending field."""
+
+
+# --------------------------------------------------------------------------- field checks
+def _fail(where: str, expected: str, value: Any) -> SchemaError:
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return SchemaError(f"{where}: expected {expected}, got {shown}")
+
+
+def _int_list(where: str, value: Any) -> list[int]:
+    if not isinstance(value, (list, tuple)):
+        raise _fail(where, "a list of non-negative ints", value)
+    for i, v in enumerate(value):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise _fail(f"{where}[{i}]", "a non-negative int (a token id)", v)
+    return list(value)
+
+
+def _float_list(where: str, value: Any) -> list[float]:
+    if not isinstance(value, (list, tuple)):
+        raise _fail(where, "a list of floats", value)
+    out = []
+    for i, v in enumerate(value):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v > 0:
+            raise _fail(f"{where}[{i}]", "a log-probability (a float <= 0, not NaN)", v)
+        out.append(float(v))
+    return out
+
+
+def _finite(where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _fail(where, "a finite number", value)
+    return float(value)
+
+
+def _bool(where: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(where, "a bool", value)
+    return value
+
+
+def _opt_str(where: str, value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise _fail(where, "a string or null", value)
+    return value
+
+
+def _dict(where: str, value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise _fail(where, "an object (dict)", value)
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise SchemaError(f"{where}: not JSON-serialisable ({exc})") from None
+    return value
+
+
+# --------------------------------------------------------------------------- action / observation
+@dataclass
+class ToolCall:
+    """One tool call in OpenAI format: `arguments` is the JSON text the model produced."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def __post_init__(self) -> None:
+        for name in ("id", "name", "arguments"):
+            if not isinstance(getattr(self, name), str):
+                raise _fail(f"ToolCall.{name}", "a string", getattr(self, name))
+
+    def to_openai(self) -> dict:
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+    @classmethod
+    def from_openai(cls, data: Any, where: str = "ToolCall") -> "ToolCall":
+        if not isinstance(data, dict):
+            raise _fail(where, "a tool call object", data)
+        fn = data.get("function")
+        if not isinstance(fn, dict):
+            raise _fail(f"{where}.function", "an object with name and arguments", fn)
+        args = fn.get("arguments", "")
+        if isinstance(args, dict):
+            args = json.dumps(args)
+        try:
+            return cls(id=data.get("id") or "", name=fn.get("name"), arguments=args)
+        except SchemaError as exc:
+            raise SchemaError(f"{where}: {exc}") from None
+
+
+@dataclass
+class Action:
+    """What the policy did in one step: its text, its parsed tool calls and why it stopped.
+
+    `parse_errors` keeps malformed tool calls the model wrote (as text plus the reason) so a bad
+    call is recorded as such rather than lost or raised into the agent.
+    """
+
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str | None = None
+    parse_errors: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.content, str):
+            raise _fail("Action.content", "a string", self.content)
+        if not isinstance(self.tool_calls, list):
+            raise _fail("Action.tool_calls", "a list", self.tool_calls)
+        self.tool_calls = [
+            tc if isinstance(tc, ToolCall) else ToolCall.from_openai(tc, f"Action.tool_calls[{i}]")
+            for i, tc in enumerate(self.tool_calls)
+        ]
+        _opt_str("Action.finish_reason", self.finish_reason)
+        if not isinstance(self.parse_errors, list) or not all(isinstance(e, dict) for e in self.parse_errors):
+            raise _fail("Action.parse_errors", "a list of objects", self.parse_errors)
+
+    def to_dict(self) -> dict:
+        return {"content": self.content, "tool_calls": [tc.to_openai() for tc in self.tool_calls],
+                "finish_reason": self.finish_reason, "parse_errors": self.parse_errors}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Action":
+        if not isinstance(data, dict):
+            raise _fail("Action", "an object", data)
+        return cls(content=data.get("content") or "", tool_calls=data.get("tool_calls") or [],
+                   finish_reason=data.get("finish_reason"), parse_errors=data.get("parse_errors") or [])
+
+
+@dataclass
+class Observation:
+    """Exactly what the policy was shown: OpenAI-format messages and tool schemas."""
+
+    messages: list[dict]
+    tools: list[dict] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.messages, list):
+            raise _fail("Observation.messages", "a list of message objects", self.messages)
+        for i, m in enumerate(self.messages):
+            _dict(f"Observation.messages[{i}]", m)
+            if not isinstance(m.get("role"), str):
+                raise _fail(f"Observation.messages[{i}].role", "a role string", m.get("role"))
+        if self.tools is not None:
+            if not isinstance(self.tools, list):
+                raise _fail("Observation.tools", "a list of tool schemas or null", self.tools)
+            for i, t in enumerate(self.tools):
+                _dict(f"Observation.tools[{i}]", t)
+
+    def to_dict(self) -> dict:
+        return {"messages": self.messages, "tools": self.tools}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Observation":
+        if not isinstance(data, dict):
+            raise _fail("Observation", "an object", data)
+        return cls(messages=data.get("messages"), tools=data.get("tools"))
+
+
+# --------------------------------------------------------------------------- transition
+@dataclass
+class Transition:
+    """One environment step = one model call of the agent, with the exact tokens sampled.
+
+    Token ids and logprobs come from the server that sampled them and are never re-tokenised;
+    `adapter` names the adapter version that produced them so stale samples can be weighted.
+    `info` holds what happened after the call (tool results keyed by tool_call id, errors,
+    latencies, framework metadata).
+    """
+
+    observation: Observation
+    action: Action
+    prompt_token_ids: list[int] = field(default_factory=list)
+    completion_token_ids: list[int] = field(default_factory=list)
+    completion_logprobs: list[float] = field(default_factory=list)
+    adapter: str | None = None
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    info: dict = field(default_factory=dict)
+    timestamp: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.observation, dict):
+            self.observation = Observation.from_dict(self.observation)
+        if not isinstance(self.observation, Observation):
+            raise _fail("Transition.observation", "an Observation", self.observation)
+        if isinstance(self.action, dict):
+            self.action = Action.from_dict(self.action)
+        if not isinstance(self.action, Action):
+            raise _fail("Transition.action", "an Action", self.action)
+        self.prompt_token_ids = _int_list("Transition.prompt_token_ids", self.prompt_token_ids)
+        self.completion_token_ids = _int_list("Transition.completion_token_ids", self.completion_token_ids)
+        self.completion_logprobs = _float_list("Transition.completion_logprobs", self.completion_logprobs)
+        if self.completion_logprobs and len(self.completion_logprobs) != len(self.completion_token_ids):
+            raise SchemaError(
+                f"Transition.completion_logprobs: {len(self.completion_logprobs)} logprobs for "
+                f"{len(self.completion_token_ids)} completion tokens (must be equal)")
+        _opt_str("Transition.adapter", self.adapter)
+        self.reward = _finite("Transition.reward", self.reward)
+        _bool("Transition.terminated", self.terminated)
+        _bool("Transition.truncated", self.truncated)
+        _dict("Transition.info", self.info)
+        self.timestamp = _finite("Transition.timestamp", self.timestamp)
+
+    @property
+    def has_tokens(self) -> bool:
+        """Trainable: both sides of the call were recorded as token ids."""
+        return bool(self.prompt_token_ids) and bool(self.completion_token_ids)
+
+    def to_dict(self) -> dict:
+        return {
+            "observation": self.observation.to_dict(), "action": self.action.to_dict(),
+            "prompt_token_ids": self.prompt_token_ids, "completion_token_ids": self.completion_token_ids,
+            "completion_logprobs": self.completion_logprobs, "adapter": self.adapter,
+            "reward": self.reward, "terminated": self.terminated, "truncated": self.truncated,
+            "info": self.info, "timestamp": self.timestamp,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Transition":
+        if not isinstance(data, dict):
+            raise _fail("Transition", "an object", data)
+        known = {"observation", "action", "prompt_token_ids", "completion_token_ids",
+                 "completion_logprobs", "adapter", "reward", "terminated", "truncated", "info",
+                 "timestamp"}
+        unknown = set(data) - known
+        if unknown:
+            raise SchemaError(f"Transition: unknown field(s) {sorted(unknown)}")
+        for required in ("observation", "action"):
+            if required not in data:
+                raise SchemaError(f"Transition.{required}: missing")
+        return cls(**data)
+
+
+# --------------------------------------------------------------------------- trajectory
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass
+class Trajectory:
+    """One episode: the transitions of one agent run on one task, and how it ended."""
+
+    transitions: list[Transition] = field(default_factory=list)
+    id: str = field(default_factory=new_id)
+    task_id: str | None = None
+    group_id: str | None = None
+    run_id: str | None = None
+    reward: float | None = None
+    status: str = "incomplete"
+    metadata: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise _fail("Trajectory.id", "a non-empty string", self.id)
+        for name in ("task_id", "group_id", "run_id"):
+            _opt_str(f"Trajectory.{name}", getattr(self, name))
+        if self.reward is not None:
+            self.reward = _finite("Trajectory.reward", self.reward)
+        if self.status not in STATUSES:
+            raise _fail("Trajectory.status", f"one of {STATUSES}", self.status)
+        _dict("Trajectory.metadata", self.metadata)
+        if not isinstance(self.transitions, list):
+            raise _fail("Trajectory.transitions", "a list", self.transitions)
+        checked = []
+        for i, t in enumerate(self.transitions):
+            if isinstance(t, dict):
+                try:
+                    t = Transition.from_dict(t)
+                except SchemaError as exc:
+                    raise SchemaError(f"Trajectory.transitions[{i}]: {exc}") from None
+            if not isinstance(t, Transition):
+                raise _fail(f"Trajectory.transitions[{i}]", "a Transition", t)
+            checked.append(t)
+        self.transitions = checked
+
+    def __len__(self) -> int:
+        return len(self.transitions)
+
+    def __iter__(self) -> Iterator[Transition]:
+        return iter(self.transitions)
+
+    @property
+    def adapters(self) -> set[str | None]:
+        return {t.adapter for t in self.transitions}
+
+    def to_dict(self) -> dict:
+        return {
+            "schema_version": SCHEMA_VERSION, "id": self.id, "task_id": self.task_id,
+            "group_id": self.group_id, "run_id": self.run_id, "reward": self.reward,
+            "status": self.status, "metadata": self.metadata,
+            "transitions": [t.to_dict() for t in self.transitions],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Trajectory":
+        if not isinstance(data, dict):
+            raise _fail("Trajectory", "an object", data)
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise SchemaError(
+                f"Trajectory.schema_version: this forge-bridge reads version {SCHEMA_VERSION}, "
+                f"got {version!r}")
+        fields_ = {k: v for k, v in data.items() if k != "schema_version"}
+        known = {"id", "task_id", "group_id", "run_id", "reward", "status", "metadata", "transitions"}
+        unknown = set(fields_) - known
+        if unknown:
+            raise SchemaError(f"Trajectory: unknown field(s) {sorted(unknown)}")
+        return cls(**fields_)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Trajectory":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SchemaError(f"Trajectory: not valid JSON ({exc})") from None
+        return cls.from_dict(data)
+
+
+@dataclass
+class TrajectoryGroup:
+    """The N rollouts of one task: GRPO normalises advantages within such a group."""
+
+    group_id: str
+    task_id: str | None
+    trajectories: list[Trajectory]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.group_id, str) or not self.group_id:
+            raise _fail("TrajectoryGroup.group_id", "a non-empty string", self.group_id)
+        for i, t in enumerate(self.trajectories):
+            if not isinstance(t, Trajectory):
+                raise _fail(f"TrajectoryGroup.trajectories[{i}]", "a Trajectory", t)
+            if t.group_id != self.group_id:
+                raise SchemaError(
+                    f"TrajectoryGroup.trajectories[{i}].group_id: {t.group_id!r} is not this "
+                    f"group's id {self.group_id!r}")
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+    @property
+    def rewards(self) -> list[float | None]:
+        return [t.reward for t in self.trajectories]

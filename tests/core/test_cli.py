@@ -1,0 +1,46 @@
+import subprocess
+import sys
+
+import pytest
+
+from forge_bridge.cli import main
+from forge_bridge.store import TrajectoryStore
+from forge_bridge.types import Action, Observation, Trajectory, Transition
+
+
+@pytest.fixture
+def db(tmp_path):
+    path = tmp_path / "t.db"
+    with TrajectoryStore(path) as store:
+        for i in range(4):
+            t = Trajectory(run_id="r", task_id=f"t{i}")
+            store.begin(t)
+            store.append(t.id, Transition(observation=Observation(messages=[{"role": "user", "content": "q"}]),
+                                          action=Action(content="a"), prompt_token_ids=[1],
+                                          completion_token_ids=[2], completion_logprobs=[-0.5]))
+            store.finish(t.id, "complete" if i % 2 else "failed", reward=float(i % 2))
+    return path
+
+
+def test_export_jsonl_with_filter(db, tmp_path, capsys):
+    out = tmp_path / "x.jsonl"
+    assert main(["export", str(db), str(out), "--status", "complete"]) == 0
+    assert "wrote 2 trajectories" in capsys.readouterr().out
+    assert all(Trajectory.from_json(l).status == "complete" for l in out.read_text().splitlines())
+
+
+def test_export_parquet_from_extension(db, tmp_path, capsys):
+    assert main(["export", str(db), str(tmp_path / "x.parquet")]) == 0
+    assert "wrote 4 transitions" in capsys.readouterr().out
+
+
+def test_export_missing_store_is_a_clear_error(tmp_path, capsys):
+    assert main(["export", str(tmp_path / "nope.db"), str(tmp_path / "x.jsonl")]) == 2
+    assert "no trajectory store" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cmd", [[], ["demo"], ["export"]])
+def test_help_is_available(cmd):
+    proc = subprocess.run([sys.executable, "-m", "forge_bridge.cli", *cmd, "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "usage: forge-bridge" in proc.stdout

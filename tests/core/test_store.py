@@ -1,0 +1,174 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from forge_bridge.store import StoreError, TrajectoryStore
+from forge_bridge.types import Action, Observation, SchemaError, Trajectory, Transition
+
+
+def step(i: int, adapter: str = "r-v0") -> Transition:
+    return Transition(observation=Observation(messages=[{"role": "user", "content": f"q{i}"}]),
+                      action=Action(content=f"a{i}", finish_reason="stop"),
+                      prompt_token_ids=[1, 2, i], completion_token_ids=[3, i],
+                      completion_logprobs=[-0.1, -0.2], adapter=adapter)
+
+
+@pytest.fixture
+def store(tmp_path):
+    with TrajectoryStore(tmp_path / "t.db") as s:
+        yield s
+
+
+def test_append_then_finish(store):
+    traj = Trajectory(task_id="t", group_id="g", run_id="r")
+    store.begin(traj)
+    assert [store.append(traj.id, step(i)) for i in range(3)] == [0, 1, 2]
+    assert store.get(traj.id).status == "incomplete"
+    updated = step(1)
+    updated.info["tool_results"] = {"c1": "5"}
+    store.update_step(traj.id, 1, updated)
+    store.finish(traj.id, "complete", reward=1.0, metadata={"k": 1})
+    got = store.get(traj.id)
+    assert got.status == "complete" and got.reward == 1.0 and got.metadata == {"k": 1}
+    assert [t.action.content for t in got] == ["a0", "a1", "a2"]
+    assert got.transitions[1].info == {"tool_results": {"c1": "5"}}
+    assert got.transitions[2].completion_token_ids == [3, 2]
+
+
+def test_queries_filter_by_run_task_group_status_adapter(store):
+    for i in range(6):
+        t = Trajectory(run_id=f"r{i % 2}", task_id=f"t{i % 3}", group_id=f"g{i % 3}")
+        store.begin(t)
+        store.append(t.id, step(i, adapter=f"a-v{i % 2}"))
+        store.finish(t.id, "complete" if i < 4 else "failed", reward=float(i))
+    assert store.count() == 6
+    assert store.count(run_id="r0") == 3
+    assert store.count(task_id="t1") == 2
+    assert store.count(status="failed") == 2
+    assert store.count(status=["failed", "complete"]) == 6
+    assert store.count(adapter="a-v1") == 3
+    assert store.count(run_id="r0", status="complete") == 2
+    groups = {g.group_id: g for g in store.groups()}
+    assert sorted(groups) == ["g0", "g1", "g2"] and groups["g0"].rewards == [0.0, 3.0]
+
+
+def test_killed_writer_leaves_every_committed_step_and_an_incomplete_trajectory(tmp_path):
+    db = tmp_path / "kill.db"
+    writer = textwrap.dedent(f"""
+        import sys
+        from forge_bridge.store import TrajectoryStore
+        from forge_bridge.types import Action, Observation, Trajectory, Transition
+        store = TrajectoryStore({str(db)!r})
+        traj = Trajectory(id="victim", task_id="t")
+        store.begin(traj)
+        i = 0
+        while True:
+            t = Transition(observation=Observation(messages=[{{"role": "user", "content": "x" * 2000}}]),
+                           action=Action(content=str(i)), prompt_token_ids=list(range(500)),
+                           completion_token_ids=[i], completion_logprobs=[-1.0])
+            store.append("victim", t)
+            print(i, flush=True)
+            i += 1
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, text=True)
+    acknowledged = -1
+    while acknowledged < 200:  # kill while it is writing as fast as it can
+        acknowledged = int(proc.stdout.readline())
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    with TrajectoryStore(db) as store:
+        traj = store.get("victim")
+        assert traj.status == "incomplete"
+        assert len(traj) >= acknowledged + 1  # nothing acknowledged was lost
+        assert [t.completion_token_ids[0] for t in traj] == list(range(len(traj)))  # no gap, no torn row
+        assert all(len(t.prompt_token_ids) == 500 for t in traj)
+
+
+def test_sixteen_threads_fifty_episodes_each_lose_nothing(store):
+    errors = []
+
+    def worker(w: int) -> None:
+        try:
+            for e in range(50):
+                traj = Trajectory(run_id="conc", task_id=f"w{w}", group_id=f"w{w}-e{e}")
+                store.begin(traj)
+                for i in range(3):
+                    store.append(traj.id, step(w * 1000 + e * 10 + i))
+                store.finish(traj.id, "complete", reward=float(e))
+        except Exception as exc:  # surfaced below: a thread's exception would vanish otherwise
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    trajs = store.trajectories(run_id="conc")
+    assert len(trajs) == 800
+    assert all(t.status == "complete" and len(t) == 3 for t in trajs)
+    # Steps stayed in their own episode and in order.
+    for t in trajs:
+        w, e = t.task_id[1:], t.group_id.split("-e")[1]
+        expected = [int(w) * 1000 + int(e) * 10 + i for i in range(3)]
+        assert [s.prompt_token_ids[2] for s in t] == expected
+
+
+def test_export_jsonl_and_parquet(store, tmp_path):
+    for i in range(3):
+        t = Trajectory(run_id="r", task_id=f"t{i}")
+        store.begin(t)
+        store.append(t.id, step(i))
+        store.append(t.id, step(i + 10))
+        store.finish(t.id, "complete", reward=1.0)
+    assert store.export_jsonl(tmp_path / "out.jsonl") == 3
+    lines = (tmp_path / "out.jsonl").read_text().splitlines()
+    assert [Trajectory.from_json(line) for line in lines] == store.trajectories()
+
+    import pyarrow.parquet as pq
+    assert store.export_parquet(tmp_path / "out.parquet", task_id="t1") == 2
+    table = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert [r["step"] for r in table] == [0, 1]
+    assert table[1]["prompt_token_ids"] == [1, 2, 11] and table[0]["task_id"] == "t1"
+    assert json.loads(table[0]["action"])["content"] == "a1"
+
+
+def test_malformed_file_imports_nothing_and_names_the_line(store, tmp_path):
+    t = Trajectory(run_id="keep")
+    store.begin(t)
+    good = Trajectory(transitions=[step(1)]).to_json()
+    bad = json.loads(good)
+    bad["transitions"][0]["completion_logprobs"] = [0.3, -1.0]
+    path = tmp_path / "in.jsonl"
+    path.write_text(good + "\n" + Trajectory().to_json() + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(SchemaError, match=r"line 3: .*completion_logprobs\[0\]"):
+        store.import_jsonl(path)
+    assert [x.id for x in store.trajectories()] == [t.id]
+    path.write_text(good + "\n")
+    assert store.import_jsonl(path) == 1 and store.count() == 2
+
+
+def test_unwritable_path_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(StoreError, match="cannot open trajectory store"):
+        TrajectoryStore(blocker / "t.db")
+
+
+def test_failed_write_keeps_what_was_stored(store):
+    t = Trajectory(id="same")
+    store.begin(t)
+    store.append("same", step(0))
+    with pytest.raises(StoreError, match="nothing already stored was changed"):
+        store.begin(Trajectory(id="same", transitions=[step(9)]))  # duplicate id
+    with pytest.raises(StoreError):
+        store.append("no-such-trajectory", step(1))
+    assert len(store.get("same")) == 1
+    with pytest.raises(SchemaError, match="status"):
+        store.finish("same", "done")

@@ -1,0 +1,87 @@
+import json
+
+import pytest
+
+from forge_bridge.types import (SCHEMA_VERSION, Action, Observation, SchemaError, ToolCall,
+                                Trajectory, TrajectoryGroup, Transition)
+
+
+def make_transition(**over) -> Transition:
+    fields = dict(
+        observation=Observation(
+            messages=[{"role": "user", "content": "2+3?"}],
+            tools=[{"type": "function", "function": {"name": "add", "parameters": {}}}]),
+        action=Action(content="", finish_reason="tool_calls",
+                      tool_calls=[ToolCall(id="c1", name="add", arguments='{"a": 2, "b": 3}')]),
+        prompt_token_ids=[5, 6, 7], completion_token_ids=[8, 9], completion_logprobs=[-0.5, -1.25],
+        adapter="run-v1", reward=0.5, info={"tool_results": {"c1": {"content": "5"}}})
+    fields.update(over)
+    return Transition(**fields)
+
+
+def test_trajectory_round_trips_through_json():
+    traj = Trajectory(transitions=[make_transition(), make_transition(terminated=True)],
+                      task_id="t1", group_id="g1", run_id="r1", reward=1.0, status="complete",
+                      metadata={"seed": 3})
+    text = traj.to_json()
+    assert json.loads(text)["schema_version"] == SCHEMA_VERSION
+    back = Trajectory.from_json(text)
+    assert back == traj
+    assert back.transitions[0].action.tool_calls[0].name == "add"
+    assert back.transitions[1].terminated and not back.transitions[1].truncated
+    assert back.adapters == {"run-v1"}
+
+
+def test_openai_tool_call_dicts_are_accepted():
+    a = Action(tool_calls=[{"id": "x", "type": "function",
+                            "function": {"name": "f", "arguments": {"k": 1}}}])
+    assert a.tool_calls[0] == ToolCall(id="x", name="f", arguments='{"k": 1}')
+
+
+@pytest.mark.parametrize("over, field", [
+    ({"prompt_token_ids": [1, -2]}, "Transition.prompt_token_ids[1]"),
+    ({"completion_token_ids": "abc"}, "Transition.completion_token_ids"),
+    ({"completion_logprobs": [0.5, -1.0]}, "Transition.completion_logprobs[0]"),
+    ({"completion_logprobs": [-1.0]}, "Transition.completion_logprobs"),
+    ({"reward": float("nan")}, "Transition.reward"),
+    ({"terminated": 1}, "Transition.terminated"),
+    ({"info": {"x": object()}}, "Transition.info"),
+    ({"adapter": 3}, "Transition.adapter"),
+])
+def test_invalid_transition_names_the_field(over, field):
+    with pytest.raises(SchemaError) as err:
+        make_transition(**over)
+    assert str(err.value).startswith(field)
+
+
+def test_invalid_trajectory_data_names_the_field():
+    good = Trajectory(transitions=[make_transition()]).to_dict()
+    bad = json.loads(json.dumps(good))
+    bad["transitions"][0]["prompt_token_ids"][1] = "x"
+    with pytest.raises(SchemaError, match=r"^Trajectory.transitions\[0\]: Transition.prompt_token_ids\[1\]"):
+        Trajectory.from_dict(bad)
+    with pytest.raises(SchemaError, match="Trajectory.status"):
+        Trajectory.from_dict({**good, "status": "done"})
+    with pytest.raises(SchemaError, match="schema_version"):
+        Trajectory.from_dict({**good, "schema_version": 99})
+    with pytest.raises(SchemaError, match="unknown field"):
+        Trajectory.from_dict({**good, "surprise": 1})
+    with pytest.raises(SchemaError, match="not valid JSON"):
+        Trajectory.from_json("{not json")
+    with pytest.raises(SchemaError, match=r"Observation.messages\[0\].role"):
+        Observation(messages=[{"content": "no role"}])
+
+
+def test_group_checks_membership():
+    a = Trajectory(group_id="g", reward=1.0)
+    b = Trajectory(group_id="g", reward=0.0)
+    group = TrajectoryGroup(group_id="g", task_id="t", trajectories=[a, b])
+    assert group.rewards == [1.0, 0.0] and len(group) == 2
+    with pytest.raises(SchemaError, match="group_id"):
+        TrajectoryGroup(group_id="g", task_id="t", trajectories=[Trajectory(group_id="h")])
+
+
+def test_has_tokens_marks_untrainable_steps():
+    assert make_transition().has_tokens
+    assert not make_transition(prompt_token_ids=[], completion_token_ids=[],
+                               completion_logprobs=[]).has_tokens
