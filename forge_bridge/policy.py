@@ -1,0 +1,276 @@
+"""The policy interface every adapter calls, and the hot-swap contract both backends share.
+
+Hot-swap contract: `load_adapter(path, version)` validates and loads the new adapter into the
+backend *first*, and only then flips the handle that calls read; a call reads the handle once,
+when it starts, so calls already in flight finish on the version they started with, and their
+output names it. The last `keep_versions` versions stay loaded, so `rollback()` is a flip. A
+version still in use by an in-flight call is unloaded only after that call ends. A corrupt
+adapter raises `AdapterError` and the live version keeps serving.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from forge_bridge.types import Action, Observation, Transition
+
+_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class PolicyError(RuntimeError):
+    """A model call failed; the message says why and what to check."""
+
+
+class PolicyUnavailable(PolicyError):
+    """The policy server could not be reached (down, refused, timed out) after retries."""
+
+
+class PolicyResponseError(PolicyError):
+    """The policy answered, but not with something usable (HTTP error, bad JSON, no token ids)."""
+
+
+class AdapterError(ValueError):
+    """An adapter could not be loaded (missing, corrupt, incompatible); nothing was swapped."""
+
+
+@dataclass
+class PolicyOutput:
+    """One model call's result with the exact tokens the backend sampled."""
+
+    action: Action
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    completion_logprobs: list[float]
+    adapter: str | None
+    """The adapter version that produced this output (None: the base model)."""
+    latency_s: float = 0.0
+    info: dict = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return self.action.content
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        return [tc.to_openai() for tc in self.action.tool_calls]
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.action.finish_reason
+
+    @property
+    def message(self) -> dict:
+        """The OpenAI-format assistant message."""
+        msg: dict[str, Any] = {"role": "assistant", "content": self.action.content}
+        if self.action.tool_calls:
+            msg["tool_calls"] = self.tool_calls
+        return msg
+
+    def to_transition(self, messages: list[dict], tools: list[dict] | None = None,
+                      **info: Any) -> Transition:
+        return Transition(observation=Observation(messages=messages, tools=tools), action=self.action,
+                          prompt_token_ids=self.prompt_token_ids,
+                          completion_token_ids=self.completion_token_ids,
+                          completion_logprobs=self.completion_logprobs, adapter=self.adapter,
+                          truncated=self.action.finish_reason == "length",
+                          info={"latency_s": round(self.latency_s, 4), **self.info, **info})
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Per-call sampling settings, named as in the OpenAI API."""
+
+    temperature: float = 1.0
+    """0 means greedy decoding."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    max_tokens: int = 256
+    """Completion length limit; hitting it sets finish_reason 'length' (truncated)."""
+    seed: int | None = None
+    """Seed for this call's sampling (reproducible outputs)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise ValueError(f"temperature: expected a number >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens: expected an int >= 1, got {self.max_tokens!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed: expected an int or None, got {self.seed!r}")
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict) -> "Sampling":
+        known = {"temperature", "top_p", "max_tokens", "seed"}
+        unknown = set(kwargs) - known - {"max_completion_tokens"}
+        if unknown:
+            raise TypeError(f"unknown sampling argument(s) {sorted(unknown)}; accepted: {sorted(known)}")
+        args = {k: v for k, v in kwargs.items() if k in known and v is not None}
+        if kwargs.get("max_completion_tokens") is not None:
+            args.setdefault("max_tokens", kwargs["max_completion_tokens"])
+        return cls(**args)
+
+
+def check_adapter_dir(path: str | Path) -> Path:
+    """A peft LoRA directory with a readable config and safetensors weights (never pickle)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise AdapterError(f"adapter {path}: not a directory")
+    cfg = path / "adapter_config.json"
+    weights = path / "adapter_model.safetensors"
+    if not cfg.is_file():
+        raise AdapterError(f"adapter {path}: adapter_config.json is missing")
+    if not weights.is_file():
+        pickled = path / "adapter_model.bin"
+        hint = " (adapter_model.bin is pickle, which is refused)" if pickled.exists() else ""
+        raise AdapterError(f"adapter {path}: adapter_model.safetensors is missing{hint}")
+    try:
+        json.loads(cfg.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise AdapterError(f"adapter {path}: adapter_config.json is unreadable ({exc})") from None
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(weights), framework="numpy") as f:
+            keys = list(f.keys())
+            for k in keys:  # reading each tensor catches truncated files
+                f.get_slice(k)[:]
+    except Exception as exc:  # safetensors raises several types for corrupt files
+        raise AdapterError(f"adapter {path}: adapter_model.safetensors is corrupt ({exc})") from None
+    if not keys:
+        raise AdapterError(f"adapter {path}: adapter_model.safetensors holds no tensors")
+    return path
+
+
+class Policy(abc.ABC):
+    """Where every model call of a wrapped agent goes."""
+
+    def __init__(self, keep_versions: int = 3) -> None:
+        if keep_versions < 1:
+            raise ValueError(f"keep_versions: expected >= 1, got {keep_versions}")
+        self.keep_versions = keep_versions
+        self._history: list[str | None] = [None]  # published versions, oldest first; None = base
+        self._current: str | None = None
+        self._in_use: dict[str | None, int] = {}
+        self._retired: set[str] = set()
+        self._swap_lock = threading.RLock()
+
+    # ------------------------------------------------------------------ the calls
+    def chat(self, messages: list[dict], tools: list[dict] | None = None, **sampling: Any) -> PolicyOutput:
+        """One model call: messages (and tool schemas) in OpenAI format in, exact tokens out."""
+        params = Sampling.from_kwargs(sampling)
+        with self._use_current() as adapter:
+            t0 = time.perf_counter()
+            out = self._chat(messages, tools, params, adapter)
+            out.latency_s = time.perf_counter() - t0
+            return out
+
+    async def achat(self, messages: list[dict], tools: list[dict] | None = None,
+                    **sampling: Any) -> PolicyOutput:
+        params = Sampling.from_kwargs(sampling)
+        with self._use_current() as adapter:
+            t0 = time.perf_counter()
+            out = await self._achat(messages, tools, params, adapter)
+            out.latency_s = time.perf_counter() - t0
+            return out
+
+    @abc.abstractmethod
+    def _chat(self, messages: list[dict], tools: list[dict] | None, sampling: Sampling,
+              adapter: str | None) -> PolicyOutput: ...
+
+    async def _achat(self, messages: list[dict], tools: list[dict] | None, sampling: Sampling,
+                     adapter: str | None) -> PolicyOutput:
+        return await asyncio.to_thread(self._chat, messages, tools, sampling, adapter)
+
+    # ------------------------------------------------------------------ hot-swap
+    @property
+    def current_adapter(self) -> str | None:
+        """The version new calls use (None: the base model)."""
+        return self._current
+
+    @property
+    def versions(self) -> list[str | None]:
+        """Versions `rollback()` can return to, oldest first (None: the base model)."""
+        return list(self._history)
+
+    def _use_current(self):
+        policy = self
+
+        class _Use:
+            def __enter__(self) -> str | None:
+                with policy._swap_lock:
+                    self.adapter = policy._current
+                    policy._in_use[self.adapter] = policy._in_use.get(self.adapter, 0) + 1
+                return self.adapter
+
+            def __exit__(self, *exc: object) -> None:
+                with policy._swap_lock:
+                    policy._in_use[self.adapter] -= 1
+                    policy._evict_unused()
+
+        return _Use()
+
+    def load_adapter(self, path: str | Path, version: str) -> str:
+        """Load a LoRA adapter as `version` and make it current (see the module docstring)."""
+        if not isinstance(version, str) or not _VERSION.match(version):
+            raise AdapterError(f"version: expected a name like 'run-v3' (letters, digits, . _ -), "
+                               f"got {version!r}")
+        path = check_adapter_dir(path)
+        with self._swap_lock:
+            if version in self._history:
+                raise AdapterError(f"version {version!r} was already published; use a new version "
+                                   "name (versions are immutable so outputs stay attributable)")
+        self._load(path, version)  # may raise: nothing has changed yet
+        with self._swap_lock:
+            self._retired.discard(version)
+            self._history.append(version)
+            self._current = version
+            while len(self._history) > self.keep_versions + 1:  # +1: the base stays reachable
+                old = self._history.pop(1)
+                self._retired.add(old)
+            self._evict_unused()
+        return version
+
+    def rollback(self) -> str | None:
+        """Serve the previous version again (instant: it is still loaded); returns it."""
+        with self._swap_lock:
+            if len(self._history) < 2:
+                raise AdapterError("nothing to roll back to: the base model is already current")
+            dropped = self._history.pop()
+            self._retired.add(dropped)
+            self._current = self._history[-1]
+            self._evict_unused()
+            return self._current
+
+    def _evict_unused(self) -> None:
+        for version in list(self._retired):
+            if self._in_use.get(version, 0) == 0:
+                self._retired.discard(version)
+                try:
+                    self._unload(version)
+                except Exception:  # eviction is best effort; the version is no longer served
+                    pass
+
+    @abc.abstractmethod
+    def _load(self, path: Path, version: str) -> None: ...
+
+    @abc.abstractmethod
+    def _unload(self, version: str) -> None: ...
+
+    def close(self) -> None:
+        """Release the model or connections."""
+
+    def __enter__(self) -> "Policy":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

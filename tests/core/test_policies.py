@@ -1,0 +1,239 @@
+"""One behavioural suite for both backends: the embedded LocalPolicy and a real vLLM server."""
+
+import asyncio
+import shutil
+import threading
+import time
+import uuid
+
+import pytest
+
+from forge_bridge import models, testing
+from forge_bridge.local_policy import LocalPolicy
+from forge_bridge.policy import AdapterError
+from forge_bridge.vllm_policy import VLLMPolicy
+
+GREEDY = {"temperature": 0, "max_tokens": 48}
+
+
+@pytest.fixture(params=["local", "vllm"])
+def backend(request, taught_model_dir):
+    if request.param == "local":
+        policy = LocalPolicy(str(taught_model_dir))
+    else:
+        policy = VLLMPolicy(request.getfixturevalue("vllm_server").base_url)
+    yield policy
+    policy.close()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(taught_model_dir):
+    return models.load(str(taught_model_dir))[1]
+
+
+def unique(name: str) -> str:
+    """Adapter names live on the shared server: every test publishes fresh versions."""
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def test_token_ids_and_logprobs_match_the_text(backend, tokenizer):
+    out = backend.chat(testing.AFTER_TOOL, tools=[testing.ADD_TOOL], **GREEDY)
+    assert out.text == "The answer is 5." and out.finish_reason == "stop"
+    assert out.prompt_token_ids == list(tokenizer.apply_chat_template(
+        testing.AFTER_TOOL, tools=[testing.ADD_TOOL], add_generation_prompt=True)["input_ids"])
+    assert out.completion_token_ids[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(out.completion_token_ids, skip_special_tokens=True) == out.text
+    assert len(out.completion_logprobs) == len(out.completion_token_ids)
+    assert all(lp <= 0 for lp in out.completion_logprobs)
+    assert out.adapter is None and out.latency_s > 0
+    step = out.to_transition(testing.AFTER_TOOL, [testing.ADD_TOOL])
+    assert step.has_tokens and step.adapter is None and not step.truncated
+
+
+def test_tool_call_round_trips(backend):
+    first = backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY)
+    assert first.finish_reason == "tool_calls"
+    (call,) = first.tool_calls
+    assert call["function"]["name"] == "add" and call["type"] == "function" and call["id"]
+    assert first.action.tool_calls[0].arguments.replace(" ", "") == '{"a":2,"b":3}'
+    history = testing.ASK + [first.message,
+                             {"role": "tool", "tool_call_id": call["id"], "content": "5"}]
+    second = backend.chat(history, tools=[testing.ADD_TOOL], **GREEDY)
+    assert second.text == "The answer is 5." and not second.tool_calls
+
+
+def test_length_limit_is_reported_as_truncation(backend):
+    out = backend.chat(testing.AFTER_TOOL, tools=[testing.ADD_TOOL], temperature=0, max_tokens=2)
+    assert out.finish_reason == "length" and len(out.completion_token_ids) == 2
+    assert out.to_transition(testing.AFTER_TOOL).truncated
+
+
+def test_adapter_changes_outputs_and_rollback_restores_them(backend, adapter_dirs):
+    base = backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY)
+    v1 = unique("v1")
+    backend.load_adapter(adapter_dirs["v1"], v1)
+    assert backend.current_adapter == v1
+    tuned = backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY)
+    assert tuned.adapter == v1 and tuned.completion_token_ids != base.completion_token_ids
+    assert "Version" in tuned.text
+    assert backend.rollback() is None and backend.current_adapter is None
+    again = backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY)
+    assert again.adapter is None and again.completion_token_ids == base.completion_token_ids
+
+
+def test_versions_are_kept_for_rollback_and_immutable(backend, adapter_dirs):
+    va, vb = unique("a"), unique("b")
+    backend.load_adapter(adapter_dirs["v1"], va)
+    backend.load_adapter(adapter_dirs["v2"], vb)
+    assert backend.versions == [None, va, vb]
+    ref_a = None
+    assert backend.rollback() == va
+    ref_a = backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY)
+    assert ref_a.adapter == va
+    with pytest.raises(AdapterError, match="already published"):
+        backend.load_adapter(adapter_dirs["v1"], va)
+    with pytest.raises(AdapterError, match="version"):
+        backend.load_adapter(adapter_dirs["v1"], "bad name/../x")
+
+
+def test_32_concurrent_calls_during_a_swap_each_name_the_version_that_served_them(backend, adapter_dirs):
+    va, vb = unique("a"), unique("b")
+    backend.load_adapter(adapter_dirs["v1"], va)
+    outputs, errors = [], []
+
+    def call():
+        try:
+            outputs.append(backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY))
+        except Exception as exc:  # collected: an exception in a thread would vanish
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(32)]
+    for t in threads[:16]:
+        t.start()
+    backend.load_adapter(adapter_dirs["v2"], vb)
+    for t in threads[16:]:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert errors == [] and len(outputs) == 32
+    assert {o.adapter for o in outputs} == {va, vb}
+    assert sum(o.adapter == vb for o in outputs) >= 16
+    # Each version's outputs are that version's reply: the tag is not just a label.
+    ref = {vb: backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY).completion_token_ids}
+    backend.rollback()
+    ref[va] = backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY).completion_token_ids
+    assert ref[va] != ref[vb]
+    assert all(o.completion_token_ids == ref[o.adapter] for o in outputs)
+
+
+def test_async_calls(backend):
+    async def run():
+        return await asyncio.gather(*(backend.achat(testing.AFTER_TOOL, tools=[testing.ADD_TOOL],
+                                                    **GREEDY) for _ in range(4)))
+
+    outs = asyncio.run(run())
+    assert [o.text for o in outs] == ["The answer is 5."] * 4
+
+
+def test_corrupt_or_incompatible_adapter_leaves_the_live_version_serving(backend, adapter_dirs, tmp_path):
+    live = unique("live")
+    backend.load_adapter(adapter_dirs["v1"], live)
+    before = backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY)
+    corrupt = shutil.copytree(adapter_dirs["v2"], tmp_path / "corrupt")
+    data = (corrupt / "adapter_model.safetensors").read_bytes()
+    (corrupt / "adapter_model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(AdapterError, match="corrupt"):
+        backend.load_adapter(corrupt, unique("c"))
+    other_model, other_tok = models.tiny(hidden_size=128, heads=4, kv_heads=2)
+    wrong = testing.teach_adapter(other_model, other_tok, [(testing.ASK, None, "x")],
+                                  tmp_path / "wrong", steps=1)
+    with pytest.raises(AdapterError):
+        backend.load_adapter(wrong, unique("w"))
+    with pytest.raises(AdapterError, match="missing"):
+        backend.load_adapter(tmp_path, unique("m"))
+    assert backend.current_adapter == live
+    after = backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY)
+    assert after.adapter == live and after.completion_token_ids == before.completion_token_ids
+
+
+def test_bad_sampling_arguments_are_clear_errors(backend):
+    with pytest.raises(ValueError, match="temperature"):
+        backend.chat(testing.ASK, temperature=-1)
+    with pytest.raises(TypeError, match="unknown sampling"):
+        backend.chat(testing.ASK, temprature=0.5)
+    with pytest.raises(ValueError, match="messages"):
+        backend.chat([], **GREEDY)
+
+
+# --------------------------------------------------------------------------- backend-specific
+def test_local_policy_batches_concurrent_callers(taught_model_dir):
+    with LocalPolicy(str(taught_model_dir), max_batch=8, batch_wait_s=0.05) as policy:
+        before = policy.batches_run
+        barrier = threading.Barrier(8)
+        outs = []
+
+        def call():
+            barrier.wait()
+            outs.append(policy.chat(testing.AFTER_TOOL, tools=[testing.ADD_TOOL], **GREEDY))
+
+        threads = [threading.Thread(target=call) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [o.text for o in outs] == ["The answer is 5."] * 8
+        assert policy.batches_run - before < 8  # shared forward passes, not one per caller
+
+
+def test_local_policy_refuses_calls_after_close(taught_model_dir):
+    from forge_bridge.policy import PolicyError
+
+    policy = LocalPolicy(str(taught_model_dir))
+    policy.close()
+    with pytest.raises(PolicyError, match="closed"):
+        policy.chat(testing.ASK, **GREEDY)
+
+
+def test_vllm_policy_with_no_server_is_a_clear_error():
+    from forge_bridge.policy import PolicyUnavailable
+    from forge_bridge.vllm_server import free_port
+
+    policy = VLLMPolicy(f"http://127.0.0.1:{free_port()}/v1", retries=1, backoff_s=0.01)
+    t0 = time.monotonic()
+    with pytest.raises(PolicyUnavailable, match="unreachable after 2 tries"):
+        policy.chat(testing.ASK, **GREEDY)
+    assert time.monotonic() - t0 < 10
+    policy.close()
+
+
+def test_killing_the_vllm_server_mid_call_is_a_clear_error_not_a_hang(taught_model_dir, tmp_path):
+    from forge_bridge.policy import PolicyUnavailable
+    from forge_bridge.vllm_server import VLLMServer
+
+    with VLLMServer(taught_model_dir, log_path=tmp_path / "log") as server:
+        policy = VLLMPolicy(server.base_url, retries=2, backoff_s=0.2, timeout_s=60)
+        assert policy.chat(testing.AFTER_TOOL, **GREEDY).completion_token_ids
+        result = {}
+
+        def long_call():
+            try:  # an unseen prompt: the tiny model rambles until max_tokens
+                policy.chat([{"role": "user", "content": "Tell me a long story."}],
+                            temperature=1.0, max_tokens=900)
+                result["ok"] = True
+            except Exception as exc:
+                result["error"] = exc
+
+        t = threading.Thread(target=long_call)
+        t.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        server.kill()
+        t.join(timeout=60)
+        assert not t.is_alive(), "the call hung after the server died"
+        if "ok" not in result:  # the call may have finished before the kill landed
+            assert isinstance(result["error"], PolicyUnavailable)
+            assert "unreachable" in str(result["error"])
+        assert time.monotonic() - t0 < 30
+        with pytest.raises(PolicyUnavailable):
+            policy.chat(testing.ASK, **GREEDY)
+        policy.close()
