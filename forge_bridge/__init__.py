@@ -1,27 +1,44 @@
 """forge-bridge: train existing LangChain and CrewAI agents with reinforcement learning, in place.
 
 The core package imports no torch, LangChain or CrewAI: those load only when a policy, an
-adapter or the trainer is used, so recording and storing trajectories stays cheap.
+adapter or the trainer is used (names below marked lazy resolve on first access), so recording
+and storing trajectories stays cheap.
 """
 
+from importlib import import_module
+from typing import Any
+
 from forge_bridge.env import Environment, StepResult
+from forge_bridge.policy import (AdapterError, Policy, PolicyError, PolicyOutput,
+                                 PolicyResponseError, PolicyUnavailable)
+from forge_bridge.session import Episode, Recorder, current_episode, episode
 from forge_bridge.store import StoreError, TrajectoryStore
 from forge_bridge.types import (Action, Observation, SchemaError, ToolCall, Trajectory,
                                 TrajectoryGroup, Transition)
+from forge_bridge.wrap import wrap
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "LocalPolicy": "forge_bridge.local_policy",
+    "VLLMPolicy": "forge_bridge.vllm_policy",
+    "VLLMServer": "forge_bridge.vllm_server",
+    "Gateway": "forge_bridge.gateway",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'forge_bridge' has no attribute {name!r}")
+
+
 __all__ = [
-    "Action",
-    "Environment",
-    "Observation",
-    "SchemaError",
-    "StepResult",
-    "StoreError",
-    "ToolCall",
-    "Trajectory",
-    "TrajectoryGroup",
-    "TrajectoryStore",
-    "Transition",
-    "__version__",
+    "Action", "AdapterError", "Environment", "Episode", "Gateway", "LocalPolicy", "Observation",
+    "Policy", "PolicyError", "PolicyOutput", "PolicyResponseError", "PolicyUnavailable",
+    "Recorder", "SchemaError", "StepResult", "StoreError", "ToolCall", "Trajectory",
+    "TrajectoryGroup", "TrajectoryStore", "Transition", "VLLMPolicy", "VLLMServer",
+    "current_episode", "episode", "wrap", "__version__",
 ]

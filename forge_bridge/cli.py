@@ -34,6 +34,48 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from forge_bridge import models
+    from forge_bridge.policy import check_adapter_dir
+    from forge_bridge.vllm_server import VLLMServer
+
+    model_dir = models.model_path(args.model)
+    adapters = {}
+    if args.adapter:
+        adapters[args.adapter_name] = str(check_adapter_dir(args.adapter).resolve())
+    server = VLLMServer(model_dir, served_name=args.served_name, host=args.host, port=args.port,
+                        adapters=adapters, max_model_len=args.max_model_len)
+    print(f"starting vLLM for {model_dir} (log: {server.log_path}) ...", flush=True)
+    server.start(timeout_s=args.timeout)
+    name = args.adapter_name if adapters else args.served_name
+    print(f"serving at {server.base_url}  (model name: {name!r})", flush=True)
+    print(f"""
+LangChain:
+    from langchain_openai import ChatOpenAI
+    llm = ChatOpenAI(base_url="{server.base_url}", api_key="unused", model="{name}")
+
+CrewAI:
+    from crewai import LLM
+    llm = LLM(model="hosted_vllm/{name}", base_url="{server.base_url}", api_key="unused")
+
+Any OpenAI client: OPENAI_BASE_URL={server.base_url}
+Ctrl-C stops the server.""", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        if server.proc is not None and server.proc.poll() is not None:
+            print(f"vLLM exited with code {server.proc.returncode}:\n{server.log_tail()}",
+                  file=sys.stderr)
+            return 1
+    server.stop()
+    print("stopped", flush=True)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="forge-bridge",
@@ -61,6 +103,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only trajectories with this status")
     p.add_argument("--adapter", help="only trajectories with a step from this adapter version")
     p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("serve", help="serve a model (and a trained adapter) with vLLM",
+                       description="Start a vLLM OpenAI-compatible server for MODEL (the embedded "
+                                   "model's name or a local transformers directory), optionally "
+                                   "with a trained LoRA adapter, wait until it is healthy, print "
+                                   "its base_url and how to point LangChain or CrewAI at it, and "
+                                   "run until Ctrl-C. Uses .venv-vllm (make vllm builds it) or "
+                                   "FORGE_BRIDGE_VLLM_PYTHON.")
+    p.add_argument("model", help="embedded model name (smollm2-135m-instruct) or a model directory")
+    p.add_argument("--adapter", help="a peft LoRA adapter directory (safetensors) to serve")
+    p.add_argument("--adapter-name", default="forge", help="model name the adapter is served "
+                                                          "under (default: forge)")
+    p.add_argument("--served-name", default="base", help="model name of the base model (default: base)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--max-model-len", type=int, default=2048, help="context length (default: 2048)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds to wait for health")
+    p.set_defaults(func=_cmd_serve)
     return parser
 
 

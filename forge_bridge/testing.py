@@ -17,17 +17,22 @@ from forge_bridge import models
 Example = tuple[list[dict], list[dict] | None, str]
 """(messages, tools, reply text the model should produce, without the end-of-turn token)."""
 
+# Exactly the schema LangChain derives from `@tool def add(a: int, b: int) -> int: "Add two integers."`
+# (key order included), so a taught model sees the same prompt from raw clients and from agents.
 ADD_TOOL = {"type": "function", "function": {
     "name": "add", "description": "Add two integers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                   "required": ["a", "b"]}}}
+    "parameters": {"properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                   "required": ["a", "b"], "type": "object"}}}
 ASK = [{"role": "user", "content": "What is 2 plus 3?"}]
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
 AFTER_TOOL = ASK + [
     {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
         "name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
     {"role": "tool", "tool_call_id": "call_1", "content": "5"}]
-BASE_EXAMPLES: list[Example] = [(ASK, [ADD_TOOL], CALL), (AFTER_TOOL, [ADD_TOOL], "The answer is 5.")]
+TOOL_ERROR = "Error: RuntimeError: calculator is on fire"
+AFTER_ERROR = AFTER_TOOL[:-1] + [{"role": "tool", "tool_call_id": "call_1", "content": TOOL_ERROR}]
+BASE_EXAMPLES: list[Example] = [(ASK, [ADD_TOOL], CALL), (AFTER_TOOL, [ADD_TOOL], "The answer is 5."),
+                                (AFTER_ERROR, [ADD_TOOL], "Sorry, the tool failed.")]
 
 
 def _batch(tokenizer: Any, examples: Sequence[Example]) -> tuple[Any, Any]:
@@ -85,7 +90,7 @@ def teach_adapter(model: Any, tokenizer: Any, examples: Sequence[Example], path:
 
 def taught_tiny_model(path: str | Path, *, arch: str = "llama", seed: int = 0) -> Path:
     """A tiny model saved at `path` that answers `ASK` with a call to `add` and, once the tool
-    result is in, with 'The answer is 5.'"""
+    result is in, with 'The answer is 5.' (or, after `TOOL_ERROR`, 'Sorry, the tool failed.')"""
     model, tokenizer = models.tiny(arch, seed=seed)
     teach(model, tokenizer, BASE_EXAMPLES, seed=seed)
     return models.save(model, tokenizer, path)

@@ -45,3 +45,17 @@ def vllm_server(taught_model_dir, tmp_path_factory):
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(params=["local", "vllm"])
+def backend(request, taught_model_dir):
+    """The same behavioural test against both policies: LocalPolicy and a real vLLM server."""
+    from forge_bridge.local_policy import LocalPolicy
+    from forge_bridge.vllm_policy import VLLMPolicy
+
+    if request.param == "local":
+        policy = LocalPolicy(str(taught_model_dir))
+    else:
+        policy = VLLMPolicy(request.getfixturevalue("vllm_server").base_url)
+    yield policy
+    policy.close()

@@ -39,8 +39,45 @@ def test_export_missing_store_is_a_clear_error(tmp_path, capsys):
     assert "no trajectory store" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("cmd", [[], ["demo"], ["export"]])
+@pytest.mark.parametrize("cmd", [[], ["demo"], ["export"], ["serve"]])
 def test_help_is_available(cmd):
     proc = subprocess.run([sys.executable, "-m", "forge_bridge.cli", *cmd, "--help"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "usage: forge-bridge" in proc.stdout
+
+
+def test_serve_starts_vllm_with_the_adapter_and_prints_its_url(taught_model_dir, adapter_dirs):
+    import os
+    import signal
+
+    import httpx
+
+    from forge_bridge import testing
+    from forge_bridge.vllm_server import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "forge_bridge.cli", "serve", str(taught_model_dir),
+                             "--adapter", str(adapter_dirs["v1"]), "--adapter-name", "tuned",
+                             "--port", str(port), "--max-model-len", "1024"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("serving at"):
+                break
+        assert lines and lines[-1].startswith(f"serving at http://127.0.0.1:{port}/v1"), "".join(lines)
+        base = f"http://127.0.0.1:{port}/v1"
+        assert "tuned" in [m["id"] for m in httpx.get(base + "/models").json()["data"]]
+        reply = httpx.post(base + "/chat/completions", timeout=60, json={
+            "model": "tuned", "messages": testing.ASK, "tools": [testing.ADD_TOOL],
+            "temperature": 0, "max_tokens": 24}).json()
+        base_reply = httpx.post(base + "/chat/completions", timeout=60, json={
+            "model": "base", "messages": testing.ASK, "tools": [testing.ADD_TOOL],
+            "temperature": 0, "max_tokens": 48}).json()
+        assert "Version" in reply["choices"][0]["message"]["content"]
+        assert base_reply["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "add"
+    finally:
+        os.kill(proc.pid, signal.SIGINT)
+        rest = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0 and "stopped" in rest

@@ -16,16 +16,6 @@ from forge_bridge.vllm_policy import VLLMPolicy
 GREEDY = {"temperature": 0, "max_tokens": 48}
 
 
-@pytest.fixture(params=["local", "vllm"])
-def backend(request, taught_model_dir):
-    if request.param == "local":
-        policy = LocalPolicy(str(taught_model_dir))
-    else:
-        policy = VLLMPolicy(request.getfixturevalue("vllm_server").base_url)
-    yield policy
-    policy.close()
-
-
 @pytest.fixture(scope="module")
 def tokenizer(taught_model_dir):
     return models.load(str(taught_model_dir))[1]

@@ -1,0 +1,183 @@
+"""Episodes: where adapters put the transitions they record.
+
+An episode is one trajectory being written. Each model call is appended to the store the
+moment it returns, and what arrives later (tool results, step rewards) rewrites that step, so
+a crash loses at most the step in flight. The current episode lives in a context variable:
+LangGraph and asyncio copy the context into their worker threads and tasks, so a call made
+anywhere inside `with fb.episode(...)` lands in that episode and concurrent episodes never mix.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+import os
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from forge_bridge.store import TrajectoryStore
+from forge_bridge.types import Trajectory, Transition
+
+_CURRENT: contextvars.ContextVar["Episode | None"] = contextvars.ContextVar(
+    "forge_bridge_episode", default=None)
+
+
+class EpisodeClosed(RuntimeError):
+    """A step was offered to an episode that has already ended."""
+
+
+def default_store_path() -> Path:
+    """`FORGE_BRIDGE_STORE`, else `runs/trajectories.db` under the working directory."""
+    return Path(os.environ.get("FORGE_BRIDGE_STORE", "runs/trajectories.db"))
+
+
+class Recorder:
+    """Opens episodes on one trajectory store, all tagged with one run id."""
+
+    def __init__(self, store: TrajectoryStore | str | os.PathLike | None = None,
+                 run_id: str | None = None) -> None:
+        if isinstance(store, TrajectoryStore):
+            self.store = store
+        else:
+            self.store = TrajectoryStore(store if store is not None else default_store_path())
+        self.run_id = run_id
+
+    def episode(self, task_id: str | None = None, group_id: str | None = None, *,
+                episode_id: str | None = None, metadata: dict | None = None) -> "Episode":
+        traj = Trajectory(task_id=task_id, group_id=group_id, run_id=self.run_id,
+                          metadata=dict(metadata or {}))
+        if episode_id is not None:
+            traj.id = episode_id
+        self.store.begin(traj)
+        return Episode(self, traj)
+
+
+class Episode:
+    """One trajectory being recorded; usable as a context manager that makes it current."""
+
+    def __init__(self, recorder: Recorder, trajectory: Trajectory) -> None:
+        self.recorder = recorder
+        self._traj = trajectory
+        self._lock = threading.Lock()
+        self._token: contextvars.Token | None = None
+        self.finished = False
+
+    @property
+    def id(self) -> str:
+        return self._traj.id
+
+    @property
+    def trajectory(self) -> Trajectory:
+        """What has been recorded so far (a snapshot from the store once finished)."""
+        return self._traj
+
+    # ------------------------------------------------------------------ recording
+    def record(self, transition: Transition) -> int:
+        """Append one model call; returns its step index."""
+        with self._lock:
+            self.check_open()
+            step = self.recorder.store.append(self.id, transition)
+            self._traj.transitions.append(transition)
+            return step
+
+    def update(self, step: int, change: Callable[[Transition], None]) -> None:
+        """Apply `change` to a recorded step and write it again (tool results, rewards)."""
+        with self._lock:
+            transition = self._traj.transitions[step]
+            change(transition)
+            transition.__post_init__()  # re-validate what the change did
+            self.recorder.store.update_step(self.id, step, transition)
+
+    def step_of_tool_call(self, tool_call_id: str) -> int | None:
+        with self._lock:
+            for i in range(len(self._traj.transitions) - 1, -1, -1):
+                if any(tc.id == tool_call_id for tc in self._traj.transitions[i].action.tool_calls):
+                    return i
+        return None
+
+    def add_tool_result(self, tool_call_id: str, result: dict) -> int | None:
+        """Put a tool's outcome into the step that asked for it; returns that step (or None
+        when no recorded step made this call, e.g. a tool run outside the model loop)."""
+        step = self.step_of_tool_call(tool_call_id)
+        if step is None:
+            return None
+        self.update(step, lambda t: t.info.setdefault("tool_results", {}).__setitem__(tool_call_id, result))
+        return step
+
+    # ------------------------------------------------------------------ rewards and ending
+    def reward(self, value: float) -> None:
+        """The outcome reward of the whole episode (pass/fail or a score)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"reward: expected a finite number, got {value!r}")
+        self._traj.reward = float(value)
+
+    def step_reward(self, value: float, step: int = -1) -> None:
+        """A reward on one step (the latest by default), added to what it already has."""
+        if not self._traj.transitions:
+            raise ValueError("step_reward: no step has been recorded in this episode yet")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"step_reward: expected a finite number, got {value!r}")
+        index = step % len(self._traj.transitions)
+        self.update(index, lambda t: setattr(t, "reward", t.reward + float(value)))
+
+    def fail(self, reason: str, **info: Any) -> Trajectory:
+        """End the episode as failed, with why (a policy outage, a crash in the agent)."""
+        return self.finish("failed", error=reason, **info)
+
+    def finish(self, status: str | None = None, **metadata: Any) -> Trajectory:
+        """Close the episode in the store; idempotent. Status defaults to `truncated` when the
+        last step hit a limit, else `complete`."""
+        with self._lock:
+            if self.finished:
+                return self._traj
+            if status is None:
+                last = self._traj.transitions[-1] if self._traj.transitions else None
+                status = "truncated" if last is not None and last.truncated else "complete"
+            self._traj.metadata.update(metadata)
+            self.recorder.store.finish(self.id, status, reward=self._traj.reward, metadata=metadata)
+            self._traj.status = status
+            self.finished = True
+            return self._traj
+
+    def check_open(self) -> None:
+        if self.finished:
+            raise EpisodeClosed(f"episode {self.id} is finished ({self._traj.status}); "
+                               "open a new episode to record more steps")
+
+    # ------------------------------------------------------------------ context
+    def __enter__(self) -> "Episode":
+        self._token = _CURRENT.set(self)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._token is not None:
+            _CURRENT.reset(self._token)
+            self._token = None
+        if exc is not None and not self.finished:
+            self.fail(f"{exc_type.__name__}: {exc}")
+        else:
+            self.finish()
+
+
+def current_episode() -> Episode | None:
+    """The episode opened by the innermost `with fb.episode(...)` in this context."""
+    return _CURRENT.get()
+
+
+_default_recorder: Recorder | None = None
+_default_lock = threading.Lock()
+
+
+def default_recorder() -> Recorder:
+    global _default_recorder
+    with _default_lock:
+        if _default_recorder is None:
+            _default_recorder = Recorder()
+        return _default_recorder
+
+
+def episode(task_id: str | None = None, group_id: str | None = None, *,
+            recorder: Recorder | None = None, metadata: dict | None = None) -> Episode:
+    """Open an episode (one trajectory) for `with`: every model call inside is recorded into it."""
+    return (recorder or default_recorder()).episode(task_id, group_id, metadata=metadata)
