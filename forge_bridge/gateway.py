@@ -3,7 +3,8 @@
 For agents whose code cannot change: point their `base_url` (or `OPENAI_BASE_URL`) at the
 gateway. The episode a call belongs to is named by the URL (`/episodes/<id>/v1/...`) or the
 `X-Forge-Episode` header; a call that names none is recorded as a one-step episode of its own,
-so nothing is dropped. `POST /episodes/<id>/finish` with `{"reward": r}` closes an episode.
+so nothing is dropped. The request's `model`, when it names a policy slot, picks that slot's
+adapter (otherwise the default slot serves). `POST /episodes/<id>/finish` with `{"reward": r}` closes an episode.
 
 Responses carry vLLM's extra fields (`prompt_token_ids`, per-choice `token_ids`, per-token
 logprobs), so a client that keeps them sees the exact tokens. Binds 127.0.0.1 unless told
@@ -22,7 +23,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from forge_bridge.policy import Policy, PolicyError, PolicyOutput
+from forge_bridge.policy import DEFAULT_SLOT, Policy, PolicyError, PolicyOutput
 from forge_bridge.session import Episode, EpisodeClosed, Recorder
 from forge_bridge.types import SchemaError
 
@@ -106,8 +107,11 @@ class Gateway:
         else:
             ep = self.episode(episode_id, headers.get("X-Forge-Task"), headers.get("X-Forge-Group"))
             ep.check_open()
+            if isinstance(messages, list):
+                ep.attach_tool_results([m for m in messages if isinstance(m, dict)])
         try:
-            out = self.policy.chat(messages, tools, **sampling)
+            slot = body.get("model") if body.get("model") in self.policy.slots else DEFAULT_SLOT
+            out = self.policy.chat(messages, tools, slot=slot, **sampling)
         except (PolicyError, ValueError, TypeError) as exc:
             ep.fail(f"{type(exc).__name__}: {exc}", messages=len(messages or []))
             raise

@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 
+_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
+
+
 def _text(content: Any) -> str:
     if content is None:
         return ""
@@ -23,8 +26,9 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ValueError(f"messages[{i}]: expected an object with a 'role' string, got {m!r}")
-        msg = {**m, "content": _text(m.get("content"))}
-        if not msg.get("tool_calls"):
-            msg.pop("tool_calls", None)
+        # Only the OpenAI message fields: frameworks add their own (CrewAI's cache_breakpoint),
+        # which a server may reject and a template never reads.
+        msg = {k: m[k] for k in _FIELDS if m.get(k) not in (None, [])}
+        msg["content"] = _text(m.get("content"))
         out.append(msg)
     return out

@@ -22,6 +22,7 @@ from typing import Any
 
 from forge_bridge.types import Action, Observation, Transition
 
+DEFAULT_SLOT = "default"
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -157,26 +158,29 @@ class Policy(abc.ABC):
         if keep_versions < 1:
             raise ValueError(f"keep_versions: expected >= 1, got {keep_versions}")
         self.keep_versions = keep_versions
-        self._history: list[str | None] = [None]  # published versions, oldest first; None = base
-        self._current: str | None = None
+        # slot -> published versions still kept, oldest first; None = the base model
+        self._slots: dict[str, list[str | None]] = {DEFAULT_SLOT: [None]}
+        self._published: set[str] = set()  # every version name ever used (names are immutable)
         self._in_use: dict[str | None, int] = {}
         self._retired: set[str] = set()
         self._swap_lock = threading.RLock()
 
     # ------------------------------------------------------------------ the calls
-    def chat(self, messages: list[dict], tools: list[dict] | None = None, **sampling: Any) -> PolicyOutput:
-        """One model call: messages (and tool schemas) in OpenAI format in, exact tokens out."""
+    def chat(self, messages: list[dict], tools: list[dict] | None = None, *, slot: str = DEFAULT_SLOT,
+             **sampling: Any) -> PolicyOutput:
+        """One model call: messages (and tool schemas) in OpenAI format in, exact tokens out.
+        `slot` picks whose current adapter serves it (one slot per CrewAI role, say)."""
         params = Sampling.from_kwargs(sampling)
-        with self._use_current() as adapter:
+        with self._use_current(slot) as adapter:
             t0 = time.perf_counter()
             out = self._chat(messages, tools, params, adapter)
             out.latency_s = time.perf_counter() - t0
             return out
 
-    async def achat(self, messages: list[dict], tools: list[dict] | None = None,
-                    **sampling: Any) -> PolicyOutput:
+    async def achat(self, messages: list[dict], tools: list[dict] | None = None, *,
+                    slot: str = DEFAULT_SLOT, **sampling: Any) -> PolicyOutput:
         params = Sampling.from_kwargs(sampling)
-        with self._use_current() as adapter:
+        with self._use_current(slot) as adapter:
             t0 = time.perf_counter()
             out = await self._achat(messages, tools, params, adapter)
             out.latency_s = time.perf_counter() - t0
@@ -193,21 +197,36 @@ class Policy(abc.ABC):
     # ------------------------------------------------------------------ hot-swap
     @property
     def current_adapter(self) -> str | None:
-        """The version new calls use (None: the base model)."""
-        return self._current
+        """The version new calls of the default slot use (None: the base model)."""
+        return self.current(DEFAULT_SLOT)
+
+    def current(self, slot: str = DEFAULT_SLOT) -> str | None:
+        """The version new calls of `slot` use (None: the base model)."""
+        with self._swap_lock:
+            return self._slots.get(slot, [None])[-1]
 
     @property
     def versions(self) -> list[str | None]:
-        """Versions `rollback()` can return to, oldest first (None: the base model)."""
-        return list(self._history)
+        """Versions `rollback()` can return to in the default slot, oldest first (None: base)."""
+        return self.slot_versions(DEFAULT_SLOT)
 
-    def _use_current(self):
+    @property
+    def slots(self) -> list[str]:
+        """Slot names that have (or had) adapters; each serves its own current version."""
+        with self._swap_lock:
+            return list(self._slots)
+
+    def slot_versions(self, slot: str = DEFAULT_SLOT) -> list[str | None]:
+        with self._swap_lock:
+            return list(self._slots.get(slot, [None]))
+
+    def _use_current(self, slot: str):
         policy = self
 
         class _Use:
             def __enter__(self) -> str | None:
                 with policy._swap_lock:
-                    self.adapter = policy._current
+                    self.adapter = policy._slots.get(slot, [None])[-1]
                     policy._in_use[self.adapter] = policy._in_use.get(self.adapter, 0) + 1
                 return self.adapter
 
@@ -218,37 +237,36 @@ class Policy(abc.ABC):
 
         return _Use()
 
-    def load_adapter(self, path: str | Path, version: str) -> str:
-        """Load a LoRA adapter as `version` and make it current (see the module docstring)."""
+    def load_adapter(self, path: str | Path, version: str, *, slot: str = DEFAULT_SLOT) -> str:
+        """Load a LoRA adapter as `version` and make it current in `slot` (see the module
+        docstring)."""
         if not isinstance(version, str) or not _VERSION.match(version):
             raise AdapterError(f"version: expected a name like 'run-v3' (letters, digits, . _ -), "
                                f"got {version!r}")
         path = check_adapter_dir(path)
         with self._swap_lock:
-            if version in self._history:
+            if version in self._published:
                 raise AdapterError(f"version {version!r} was already published; use a new version "
                                    "name (versions are immutable so outputs stay attributable)")
         self._load(path, version)  # may raise: nothing has changed yet
         with self._swap_lock:
-            self._retired.discard(version)
-            self._history.append(version)
-            self._current = version
-            while len(self._history) > self.keep_versions + 1:  # +1: the base stays reachable
-                old = self._history.pop(1)
-                self._retired.add(old)
+            self._published.add(version)
+            history = self._slots.setdefault(slot, [None])
+            history.append(version)
+            while len(history) > self.keep_versions + 1:  # +1: the base stays reachable
+                self._retired.add(history.pop(1))
             self._evict_unused()
         return version
 
-    def rollback(self) -> str | None:
-        """Serve the previous version again (instant: it is still loaded); returns it."""
+    def rollback(self, slot: str = DEFAULT_SLOT) -> str | None:
+        """Serve the previous version of `slot` again (instant: it is still loaded); returns it."""
         with self._swap_lock:
-            if len(self._history) < 2:
-                raise AdapterError("nothing to roll back to: the base model is already current")
-            dropped = self._history.pop()
-            self._retired.add(dropped)
-            self._current = self._history[-1]
+            history = self._slots.get(slot, [None])
+            if len(history) < 2:
+                raise AdapterError(f"nothing to roll back to: slot {slot!r} already serves the base model")
+            self._retired.add(history.pop())
             self._evict_unused()
-            return self._current
+            return history[-1]
 
     def _evict_unused(self) -> None:
         for version in list(self._retired):

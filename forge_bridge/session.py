@@ -10,8 +10,10 @@ anywhere inside `with fb.episode(...)` lands in that episode and concurrent epis
 from __future__ import annotations
 
 import contextvars
+import json
 import math
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -56,12 +58,39 @@ class Recorder:
 class Episode:
     """One trajectory being recorded; usable as a context manager that makes it current."""
 
-    def __init__(self, recorder: Recorder, trajectory: Trajectory) -> None:
+    def __init__(self, recorder: Recorder, trajectory: Trajectory,
+                 parent: "Episode | None" = None) -> None:
         self.recorder = recorder
         self._traj = trajectory
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._token: contextvars.Token | None = None
         self.finished = False
+        self.parent = parent
+        self._children: dict[str, Episode] = {}
+        self._own_reward = False
+
+    # ------------------------------------------------------------------ per-role trajectories
+    def child(self, key: str, **metadata: Any) -> "Episode":
+        """The trajectory of one participant of this episode (a CrewAI role), created on first
+        use with the same task and group, tagged with the key and this episode's id. When this
+        episode ends, its children end with it and share its reward unless given their own."""
+        with self._lock:
+            ep = self._children.get(key)
+            if ep is None:
+                self.check_open()
+                slug = re.sub(r"[^A-Za-z0-9_-]+", "-", key).strip("-")[:48] or "role"
+                traj = Trajectory(id=f"{self.id}.{slug}-{len(self._children)}",
+                                  task_id=self._traj.task_id, group_id=self._traj.group_id,
+                                  run_id=self._traj.run_id,
+                                  metadata={"parent": self.id, "role": key, **metadata})
+                self.recorder.store.begin(traj)
+                ep = self._children[key] = Episode(self.recorder, traj, parent=self)
+            return ep
+
+    @property
+    def children(self) -> dict[str, "Episode"]:
+        with self._lock:
+            return dict(self._children)
 
     @property
     def id(self) -> str:
@@ -105,12 +134,36 @@ class Episode:
         self.update(step, lambda t: t.info.setdefault("tool_results", {}).__setitem__(tool_call_id, result))
         return step
 
+    def attach_tool_results(self, messages: list[dict]) -> int:
+        """Record the tool results an agent feeds back in its next prompt (OpenAI `tool`
+        messages) into the steps that made those calls, for frameworks whose tool runs cannot
+        be hooked directly. Results already recorded are left alone; returns how many were added."""
+        added = 0
+        for m in messages:
+            call_id = m.get("tool_call_id") if m.get("role") == "tool" else None
+            step = self.step_of_tool_call(call_id) if call_id else None
+            if step is None or call_id in self._traj.transitions[step].info.get("tool_results", {}):
+                continue
+            content = m.get("content")
+            self.add_tool_result(call_id, {"name": m.get("name"), "content": content if isinstance(
+                content, str) else json.dumps(content), "source": "next prompt"})
+            added += 1
+        return added
+
     # ------------------------------------------------------------------ rewards and ending
-    def reward(self, value: float) -> None:
-        """The outcome reward of the whole episode (pass/fail or a score)."""
+    def reward(self, value: float, role: str | None = None) -> None:
+        """The outcome reward of the whole episode (pass/fail or a score), or of one role's
+        trajectory when `role` is given (the others keep the shared reward)."""
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"reward: expected a finite number, got {value!r}")
+        if role is not None:
+            if role not in self.children:
+                raise ValueError(f"reward: no trajectory for role {role!r} in this episode "
+                                 f"(roles: {sorted(self.children)})")
+            self.children[role].reward(value)
+            return
         self._traj.reward = float(value)
+        self._own_reward = True
 
     def step_reward(self, value: float, step: int = -1) -> None:
         """A reward on one step (the latest by default), added to what it already has."""
@@ -120,6 +173,14 @@ class Episode:
             raise ValueError(f"step_reward: expected a finite number, got {value!r}")
         index = step % len(self._traj.transitions)
         self.update(index, lambda t: setattr(t, "reward", t.reward + float(value)))
+
+    def note_error(self, reason: str) -> None:
+        """Remember an error the framework may swallow or retry (a failed model call): the
+        episode then ends as failed unless told otherwise, with every reason in its metadata."""
+        with self._lock:
+            self._traj.metadata.setdefault("errors", []).append(reason)
+        if self.parent is not None:
+            self.parent.note_error(reason)
 
     def fail(self, reason: str, **info: Any) -> Trajectory:
         """End the episode as failed, with why (a policy outage, a crash in the agent)."""
@@ -131,11 +192,17 @@ class Episode:
         with self._lock:
             if self.finished:
                 return self._traj
+            for ep in self._children.values():
+                if not ep._own_reward and self._traj.reward is not None:
+                    ep._traj.reward = self._traj.reward
+                ep.finish(status if status in ("failed", "truncated") else None, **metadata)
             if status is None:
                 last = self._traj.transitions[-1] if self._traj.transitions else None
-                status = "truncated" if last is not None and last.truncated else "complete"
+                status = ("failed" if self._traj.metadata.get("errors") else
+                          "truncated" if last is not None and last.truncated else "complete")
             self._traj.metadata.update(metadata)
-            self.recorder.store.finish(self.id, status, reward=self._traj.reward, metadata=metadata)
+            self.recorder.store.finish(self.id, status, reward=self._traj.reward,
+                                       metadata=self._traj.metadata)
             self._traj.status = status
             self.finished = True
             return self._traj

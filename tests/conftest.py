@@ -8,6 +8,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 for _k, _v in (("CREWAI_DISABLE_TELEMETRY", "true"), ("OTEL_SDK_DISABLED", "true"),
                ("CREWAI_TRACING_ENABLED", "false"), ("CREWAI_DISABLE_VERSION_CHECK", "true")):
     os.environ.setdefault(_k, _v)
+# CrewAI writes under HOME when imported: give the whole run a throwaway one.
+_home = tempfile.mkdtemp(prefix="forge-test-home-")
+os.environ["HOME"] = _home
+os.environ["XDG_DATA_HOME"] = os.path.join(_home, ".local", "share")
 # The embedded model's converted copy is shared by the whole run (converted once, ~16 s).
 os.environ.setdefault("FORGE_BRIDGE_CACHE",
                       os.path.join(tempfile.gettempdir(), "forge-bridge-test-cache"))
@@ -20,8 +24,17 @@ from forge_bridge import testing  # noqa: E402
 
 @pytest.fixture(scope="session")
 def taught_model_dir(tmp_path_factory):
-    """A tiny model that calls `add` for testing.ASK and answers 'The answer is 5.' after it."""
-    return testing.taught_tiny_model(tmp_path_factory.mktemp("models") / "taught")
+    """A tiny model taught testing.BASE_EXAMPLES (calls `add` for testing.ASK, then answers
+    'The answer is 5.') and the expert's replies to the test crews' prompts (crew_demos)."""
+    from forge_bridge import models
+
+    import crew_demos
+
+    root = tmp_path_factory.mktemp("models")
+    model, tokenizer = models.tiny()
+    examples = list(testing.BASE_EXAMPLES) + crew_demos.crew_examples(tokenizer, root / "demos.db")
+    testing.teach(model, tokenizer, examples, steps=200)
+    return models.save(model, tokenizer, root / "taught")
 
 
 @pytest.fixture(scope="session")

@@ -67,6 +67,8 @@ def test_episode_named_by_url_collects_every_call_until_finished(gateway, record
     assert done == {"id": "ep-1", "status": "complete", "reward": 1.0, "steps": 2}
     traj = recorder.store.get("ep-1")
     assert traj.reward == 1.0 and [len(t.completion_token_ids) > 0 for t in traj] == [True, True]
+    # The tool result the agent sent back landed in the step that asked for it.
+    assert traj.transitions[0].info["tool_results"][tc.id]["content"] == "5"
     late = httpx.post(url + "/chat/completions", json={"messages": testing.ASK, "max_tokens": 4})
     assert late.status_code == 409
 

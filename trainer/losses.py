@@ -1,0 +1,69 @@
+"""Policy-gradient losses over token-level tensors (pure functions).
+
+Shapes: B sequences of T positions; `mask` [B, T] is 1 on completion tokens the loss trains on.
+`logp` are the current policy's log-probabilities of the taken tokens, `old_logp` the behaviour
+log-probabilities recorded when the tokens were sampled (by vLLM or the embedded policy).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token") -> torch.Tensor:
+    """Mean over masked tokens: `token` weighs every token alike (long answers count more);
+    `sequence` averages within each sequence first, then over sequences.  [B, T] -> scalar."""
+    mask = mask.to(per_token.dtype)
+    if mode == "token":
+        return (per_token * mask).sum() / mask.sum().clamp(min=1)
+    if mode == "sequence":
+        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B]
+        has_tokens = (mask.sum(-1) > 0).to(per_token.dtype)  # [B]
+        return (per_seq * has_tokens).sum() / has_tokens.sum().clamp(min=1)
+    raise ValueError(f"mode: expected 'token' or 'sequence', got {mode!r}")
+
+
+def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                        mask: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.2,
+                        tis_cap: float | None = None, mode: str = "token"
+                        ) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped surrogate: -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A), r = exp(logp -
+    old_logp). `tis_cap` multiplies by min(r, cap) computed without gradient (truncated importance
+    weights for samples from an older policy).  All inputs [B, T] -> (scalar loss, stats)."""
+    ratio = torch.exp(logp - old_logp)  # [B, T]
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    per_token = -torch.minimum(unclipped, clipped)  # [B, T]
+    if tis_cap is not None:
+        per_token = per_token * torch.clamp(ratio.detach(), max=tis_cap)
+    loss = aggregate(per_token, mask, mode)
+    m = mask.bool()
+    with torch.no_grad():
+        was_clipped = (unclipped != clipped) & m
+        stats = {"clip_fraction": float(was_clipped.sum() / m.sum().clamp(min=1)),
+                 "ratio_mean": float(ratio[m].mean()) if m.any() else 1.0}
+    return loss, stats
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token KL(policy || reference) estimate k3 = exp(d) - d - 1 with d = ref_logp - logp:
+    unbiased, always >= 0.  [B, T] -> [B, T]."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1.0
+
+
+def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+               old_values: torch.Tensor | None = None, clip: float | None = None) -> torch.Tensor:
+    """0.5 * (V - R)^2 over masked entries, optionally PPO-clipped around old values.
+    values, returns, mask (and old_values): [B, S] -> scalar."""
+    err = (values - returns) ** 2
+    if clip is not None and old_values is not None:
+        clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+        err = torch.maximum(err, (clipped - returns) ** 2)
+    return 0.5 * aggregate(err, mask, "token")
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of each row's distribution.  [..., V] -> [...]."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
