@@ -78,7 +78,8 @@ def _record(episode: Episode | None, out: PolicyOutput, messages: list[dict],
     episode.record(out.to_transition(messages, tools, source="langchain"))
     if out.action.parse_errors and not out.action.tool_calls:
         # The agent stops here (no usable call): the episode ends as failed, with the reason.
-        episode.fail("malformed tool call: " + out.action.parse_errors[0]["error"])
+        # policy_fault: the model's own doing, so a trainer learns from it (reward it 0).
+        episode.fail("malformed tool call: " + out.action.parse_errors[0]["error"], policy_fault=True)
 
 
 # --------------------------------------------------------------------------- the chat model

@@ -24,6 +24,10 @@ _LAZY = {
     "VLLMPolicy": "forge_bridge.vllm_policy",
     "VLLMServer": "forge_bridge.vllm_server",
     "Gateway": "forge_bridge.gateway",
+    "GRPOTrainer": "forge_bridge.trainer.grpo",
+    "PPOTrainer": "forge_bridge.trainer.ppo",
+    "GRPOConfig": "forge_bridge.trainer.config",
+    "PPOConfig": "forge_bridge.trainer.config",
 }
 
 
@@ -36,7 +40,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Action", "AdapterError", "Environment", "Episode", "Gateway", "LocalPolicy", "Observation",
+    "Action", "AdapterError", "Environment", "Episode", "GRPOConfig", "GRPOTrainer", "Gateway",
+    "LocalPolicy", "Observation", "PPOConfig", "PPOTrainer",
     "Policy", "PolicyError", "PolicyOutput", "PolicyResponseError", "PolicyUnavailable",
     "Recorder", "SchemaError", "StepResult", "StoreError", "ToolCall", "Trajectory",
     "TrajectoryGroup", "TrajectoryStore", "Transition", "VLLMPolicy", "VLLMServer",

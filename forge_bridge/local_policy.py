@@ -48,6 +48,8 @@ class LocalPolicy(Policy):
 
         from forge_bridge import models
 
+        self.model_path = str(model) if isinstance(model, (str, Path)) else None
+        """Where the base model came from (a trainer loads its own copy from there)."""
         if isinstance(model, (str, Path)):
             model, loaded_tok = models.load(str(model))
             tokenizer = tokenizer or loaded_tok

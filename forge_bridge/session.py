@@ -162,8 +162,12 @@ class Episode:
                                  f"(roles: {sorted(self.children)})")
             self.children[role].reward(value)
             return
-        self._traj.reward = float(value)
-        self._own_reward = True
+        with self._lock:
+            self._traj.reward = float(value)
+            self._own_reward = True
+            if self.finished:  # e.g. an adapter ended it on a malformed call: keep the score too
+                self.recorder.store.finish(self.id, self._traj.status, reward=self._traj.reward,
+                                           metadata=self._traj.metadata)
 
     def step_reward(self, value: float, step: int = -1) -> None:
         """A reward on one step (the latest by default), added to what it already has."""

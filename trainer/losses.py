@@ -39,7 +39,7 @@ def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: 
     loss = aggregate(per_token, mask, mode)
     m = mask.bool()
     with torch.no_grad():
-        was_clipped = (unclipped != clipped) & m
+        was_clipped = (clipped < unclipped) & m  # the clipped term is active: no gradient there
         stats = {"clip_fraction": float(was_clipped.sum() / m.sum().clamp(min=1)),
                  "ratio_mean": float(ratio[m].mean()) if m.any() else 1.0}
     return loss, stats

@@ -1,0 +1,76 @@
+"""Loss functions against values worked out by hand."""
+
+import math
+
+import pytest
+import torch
+
+from forge_bridge.trainer.losses import (aggregate, clipped_policy_loss, entropy_from_logits,
+                                         kl_k3, value_loss)
+
+
+def test_clip_boundaries_and_the_mask():
+    # ratios 1.5, 0.5, 1.1, 3.0 (the last one masked out); advantages +1, +1, -1, +1
+    old = torch.zeros(1, 4)
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.1, 3.0]]))
+    adv = torch.tensor([[1.0, 1.0, -1.0, 1.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    loss, stats = clipped_policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    # token 0: min(1.5, 1.2) = 1.2; token 1: min(0.5, 0.8) = 0.5; token 2: min(-1.1, -1.1) = -1.1
+    assert loss.item() == pytest.approx(-(1.2 + 0.5 - 1.1) / 3, abs=1e-6)
+    assert stats["clip_fraction"] == pytest.approx(1 / 3)
+
+
+def test_asymmetric_clip():
+    logp = torch.log(torch.tensor([[1.5, 0.5]]))
+    loss, _ = clipped_policy_loss(logp, torch.zeros(1, 2), torch.tensor([[1.0, -1.0]]), torch.ones(1, 2),
+                                  clip_low=0.1, clip_high=0.3)
+    # token 0: min(1.5, 1.3) = 1.3; token 1: min(-0.5, -0.9) = -0.9
+    assert loss.item() == pytest.approx(-(1.3 - 0.9) / 2, abs=1e-6)
+
+
+def test_gradient_vanishes_outside_the_clip_range():
+    logp = torch.log(torch.tensor([[1.5]])).requires_grad_()
+    loss, _ = clipped_policy_loss(logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1))
+    loss.backward()
+    assert logp.grad.item() == 0.0
+
+
+def test_truncated_importance_weights_cap_stale_samples():
+    logp = torch.log(torch.tensor([[4.0]]))
+    capped, _ = clipped_policy_loss(logp, torch.zeros(1, 1), torch.tensor([[-1.0]]), torch.ones(1, 1),
+                                    tis_cap=2.0)
+    # unclipped -4, clipped -1.2 -> -min = 4; times min(4, 2) = 2 -> 8
+    assert capped.item() == pytest.approx(8.0)
+
+
+def test_token_and_sequence_aggregation():
+    x = torch.tensor([[1.0, 1.0, 1.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    assert aggregate(x, mask, "token").item() == pytest.approx(7 / 4)
+    assert aggregate(x, mask, "sequence").item() == pytest.approx((1 + 4) / 2)
+    with pytest.raises(ValueError, match="mode"):
+        aggregate(x, mask, "batch")
+
+
+def test_k3_kl():
+    logp = torch.tensor([math.log(0.5)])
+    ref = torch.tensor([math.log(0.25)])
+    d = math.log(0.25) - math.log(0.5)
+    assert kl_k3(logp, ref).item() == pytest.approx(math.exp(d) - d - 1)
+    assert kl_k3(ref, ref).item() == 0.0
+
+
+def test_value_loss_and_its_clip():
+    values, returns, mask = torch.tensor([[1.0, 3.0]]), torch.tensor([[0.0, 1.0]]), torch.ones(1, 2)
+    assert value_loss(values, returns, mask).item() == pytest.approx(0.5 * (1 + 4) / 2)
+    old = torch.tensor([[0.0, 0.0]])
+    # clipped values 0.5, 0.5 -> errors max(1, 0.25) = 1 and max(4, 0.25) = 4: same here
+    assert value_loss(values, returns, mask, old, clip=0.5).item() == pytest.approx(1.25)
+    old2 = torch.tensor([[2.0, 3.0]])  # clipped 1.5, 3.0 -> max(1, 2.25) = 2.25 and 4
+    assert value_loss(values, returns, mask, old2, clip=0.5).item() == pytest.approx(0.5 * (2.25 + 4) / 2)
+
+
+def test_entropy():
+    uniform = torch.zeros(4)
+    assert entropy_from_logits(uniform).item() == pytest.approx(math.log(4))

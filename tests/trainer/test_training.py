@@ -1,0 +1,130 @@
+"""GRPO and PPO on a real tiny model through a real LangChain agent: they learn, only the LoRA
+(and value head) moves, and each new adapter serves the live agent's next call."""
+
+import concurrent.futures
+
+import pytest
+import torch
+import training_task
+
+import forge_bridge as fb
+from forge_bridge.store import TrajectoryStore
+from forge_bridge.trainer.sft import supervised_finetune
+
+
+@pytest.fixture(scope="module")
+def choice_model_dir(tmp_path_factory):
+    return training_task.choice_model(tmp_path_factory.mktemp("choice") / "model")
+
+
+def success_rate(rollout, n: int = 96) -> float:
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        rewards = list(pool.map(lambda _: rollout(training_task.TASKS[0]), range(n)))
+    return sum(rewards) / n
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_rl_improves_the_success_rate_and_moves_only_the_lora(algo, choice_model_dir, tmp_path):
+    torch.manual_seed(0)
+    policy = fb.LocalPolicy(choice_model_dir)
+    agent = training_task.agent_for(policy)  # built once; every new adapter serves it in place
+    rollout = training_task.make_rollout(agent)
+    before = success_rate(rollout)
+    common = dict(group_size=8, lr=3e-3, epochs=2, lora_rank=8, lora_alpha=16,
+                  out_dir=str(tmp_path / "run"), run_name=algo, progress=False, seed=0)
+    trainer = (fb.GRPOTrainer(policy, fb.GRPOConfig(**common)) if algo == "grpo"
+               else fb.PPOTrainer(policy, fb.PPOConfig(**common)))
+    base_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" not in n}
+    lora_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
+    value_before = [p.detach().clone() for m in trainer.extra_modules.values() for p in m.parameters()]
+    history = trainer.train(rollout, training_task.TASKS, iterations=12)
+    after = success_rate(rollout)
+    print(f"{algo}: success {before:.2f} -> {after:.2f}; rewards per iteration "
+          f"{[round(h['reward_mean'], 2) for h in history]}")
+    assert after >= before + 0.15, (before, after)
+    for n, p in trainer.model.named_parameters():
+        if "lora_" in n:
+            continue
+        assert torch.equal(p, base_before[n]), f"base weight {n} moved"
+    assert any(not torch.equal(p, lora_before[n]) for n, p in trainer.model.named_parameters() if "lora_" in n)
+    if algo == "ppo":
+        assert any(not torch.equal(p, v) for p, v in zip(
+            (p for m in trainer.extra_modules.values() for p in m.parameters()), value_before))
+    # The metrics, the run folder and the live policy agree.
+    assert [h["iteration"] for h in history] == list(range(1, 13))
+    assert policy.current_adapter == f"{algo}-v12"
+    assert (tmp_path / "run" / "adapters" / f"{algo}-v12" / "adapter_model.safetensors").is_file()
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 12
+    assert list((tmp_path / "run" / "tb").iterdir())
+    for key in ("reward_mean", "reward_std", "success_rate", "kl", "clip_fraction", "entropy",
+                "tokens_per_s", "time_rollout_s", "time_update_s"):
+        assert key in history[0], key
+
+
+def test_new_adapter_serves_the_next_call_of_running_langchain_and_crewai_agents(choice_model_dir, tmp_path):
+    import crew_demos
+
+    from forge_bridge.adapters.crewai import ForgeLLM
+
+    policy = fb.LocalPolicy(choice_model_dir)
+    agent = training_task.agent_for(policy)
+    crew = crew_demos.calculator_crew(ForgeLLM(policy, temperature=0, max_tokens=48))  # built before training
+    trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(group_size=4, out_dir=str(tmp_path / "run"),
+                                                   run_name="swap", progress=False))
+    trainer.train(training_task.make_rollout(agent), training_task.TASKS, iterations=1)
+    recorder = fb.Recorder(TrajectoryStore(tmp_path / "after.db"))
+    with fb.episode("lc", recorder=recorder) as lc_ep:
+        agent.invoke({"messages": [{"role": "user", "content": training_task.QUESTION}]})
+    with fb.episode("crew", recorder=recorder) as crew_ep:
+        crew.kickoff()
+    assert recorder.store.get(lc_ep.id).adapters == {"swap-v1"}
+    (role,) = crew_ep.children.values()
+    assert recorder.store.get(role.id).adapters == {"swap-v1"}
+
+
+def test_sft_warm_start_fits_demonstrations(choice_model_dir, tmp_path):
+    from forge_bridge import models
+    from forge_bridge.scripted_policy import ScriptedPolicy
+
+    tokenizer = models.load(choice_model_dir)[1]
+    expert = ScriptedPolicy(lambda m, t: "The answer is 5." if m[-1]["role"] == "tool" else
+                            '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>',
+                            tokenizer)
+    recorder = fb.Recorder(TrajectoryStore(tmp_path / "demos.db"), run_id="demos")
+    demo_agent = training_task.agent_for(expert)
+    for i in range(4):
+        with fb.episode(f"demo-{i}", recorder=recorder) as ep:
+            demo_agent.invoke({"messages": [{"role": "user", "content": training_task.QUESTION}]})
+            ep.reward(1.0)
+    policy = fb.LocalPolicy(choice_model_dir)
+    rollout = training_task.make_rollout(training_task.agent_for(policy))
+    before = success_rate(rollout)
+    trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(lr=3e-3, out_dir=str(tmp_path / "run"),
+                                                   run_name="sft", progress=False))
+    result = supervised_finetune(trainer, recorder.store.trajectories(run_id="demos"), epochs=8)
+    after = success_rate(rollout)
+    print(f"sft: success {before:.2f} -> {after:.2f}, loss {result['sft_loss_first']:.3f} -> "
+          f"{result['sft_loss_last']:.3f}")
+    assert result["adapter"] == "sft-v1" == policy.current_adapter
+    assert result["sft_loss_last"] < result["sft_loss_first"]
+    assert after >= before + 0.15
+
+
+def test_bad_trainer_input_is_a_clear_error(choice_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="gamma"):
+        fb.GRPOConfig(gamma=1.5)
+    with pytest.raises(ValueError, match="group_size"):
+        fb.GRPOConfig(group_size=0)
+    with pytest.raises(ValueError, match="lam"):
+        fb.PPOConfig(lam="high")
+    policy = fb.LocalPolicy(choice_model_dir)
+    with pytest.raises(TypeError, match="GRPOConfig or PPOConfig"):
+        fb.GRPOTrainer(policy, {"gamma": 0.9})
+    trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(group_size=2, out_dir=str(tmp_path), progress=False))
+    with pytest.raises(TypeError, match="rollout"):
+        trainer.train("not a function", training_task.TASKS, iterations=1)
+    # A reward function that raises or returns NaN fails those episodes, with the reason stored.
+    history = trainer.train(lambda task: float("nan"), training_task.TASKS, iterations=1)
+    assert history[0]["episodes_failed"] == 2
+    (failed, _) = trainer.recorder.store.trajectories(status="failed")
+    assert "finite number" in failed.metadata["error"]

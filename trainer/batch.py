@@ -1,0 +1,128 @@
+"""Training samples from recorded token ids (never from a re-applied chat template).
+
+One sample per model call: `prompt_token_ids + completion_token_ids`, trained on the completion
+only. Consecutive calls of a trajectory may be merged into one sequence when the next prompt
+extends the previous prompt + completion exactly (the tokens in between, tool results, are not
+trained on). Token p of a sample carries the behaviour logprob and the advantage of the step
+that produced it. A sequence over the length limit keeps its first `max_len` tokens and is
+flagged; one whose completion would be cut away entirely is left out and counted, never dropped
+silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from forge_bridge.types import Trajectory
+
+
+@dataclass
+class Sample:
+    """One training sequence; every list is aligned with `input_ids`."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    old_logprobs: list[float]
+    advantages: list[float]
+    value_positions: list[int] = field(default_factory=list)
+    """Per step in this sample: the position of its last prompt token (where V(s_t) is read)."""
+    returns: list[float] = field(default_factory=list)
+    """Per step in this sample: the value target (PPO)."""
+    steps: list[tuple[str, int]] = field(default_factory=list)
+    truncated: bool = False
+
+
+@dataclass
+class BatchStats:
+    samples: int = 0
+    trained_tokens: int = 0
+    merged_steps: int = 0
+    truncated: int = 0
+    too_long: int = 0
+    untrainable_steps: int = 0
+
+
+def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[torch.Tensor],
+                  max_len: int, merge: bool = False,
+                  step_returns: Sequence[torch.Tensor] | None = None) -> tuple[list[Sample], BatchStats]:
+    """trajectories[i] has S_i steps; step_advantages[i] (and step_returns[i]) are [S_i]."""
+    samples: list[Sample] = []
+    stats = BatchStats()
+    for i, traj in enumerate(trajectories):
+        current: Sample | None = None
+        for s, step in enumerate(traj.transitions):
+            if not step.has_tokens or len(step.completion_logprobs) != len(step.completion_token_ids):
+                stats.untrainable_steps += 1
+                current = None
+                continue
+            adv = float(step_advantages[i][s])
+            ret = float(step_returns[i][s]) if step_returns is not None else 0.0
+            prompt, completion = step.prompt_token_ids, step.completion_token_ids
+            if merge and current is not None and prompt[:len(current.input_ids)] == current.input_ids:
+                gap = prompt[len(current.input_ids):]
+                current.value_positions.append(len(current.input_ids) + len(gap) - 1)
+                current.input_ids += gap + completion
+                current.loss_mask += [0] * len(gap) + [1] * len(completion)
+                current.old_logprobs += [0.0] * len(gap) + list(step.completion_logprobs)
+                current.advantages += [0.0] * len(gap) + [adv] * len(completion)
+                current.returns.append(ret)
+                current.steps.append((traj.id, s))
+                stats.merged_steps += 1
+                continue
+            current = Sample(input_ids=list(prompt) + list(completion),
+                             loss_mask=[0] * len(prompt) + [1] * len(completion),
+                             old_logprobs=[0.0] * len(prompt) + list(step.completion_logprobs),
+                             advantages=[0.0] * len(prompt) + [adv] * len(completion),
+                             value_positions=[len(prompt) - 1], returns=[ret], steps=[(traj.id, s)])
+            samples.append(current)
+    kept = []
+    for sample in samples:
+        if len(sample.input_ids) > max_len:
+            keep = [p for p in sample.value_positions if p < max_len - 1]
+            sample.returns = sample.returns[:len(keep)]
+            sample.value_positions = keep
+            for name in ("input_ids", "loss_mask", "old_logprobs", "advantages"):
+                setattr(sample, name, getattr(sample, name)[:max_len])
+            sample.truncated = True
+            if sum(sample.loss_mask) == 0:
+                stats.too_long += 1
+                continue
+            stats.truncated += 1
+        kept.append(sample)
+    stats.samples = len(kept)
+    stats.trained_tokens = sum(sum(s.loss_mask) for s in kept)
+    return kept, stats
+
+
+def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded tensors: input_ids, attention_mask, loss_mask, old_logprobs, advantages [B, T];
+    value_positions, returns, value_mask [B, S_max]."""
+    B = len(samples)
+    T = max(len(s.input_ids) for s in samples)
+    S = max(max(len(s.value_positions) for s in samples), 1)
+    out = {
+        "input_ids": torch.full((B, T), pad_id, dtype=torch.long),
+        "attention_mask": torch.zeros((B, T), dtype=torch.long),
+        "loss_mask": torch.zeros((B, T), dtype=torch.float32),
+        "old_logprobs": torch.zeros((B, T), dtype=torch.float32),
+        "advantages": torch.zeros((B, T), dtype=torch.float32),
+        "value_positions": torch.zeros((B, S), dtype=torch.long),
+        "returns": torch.zeros((B, S), dtype=torch.float32),
+        "value_mask": torch.zeros((B, S), dtype=torch.float32),
+    }
+    for b, s in enumerate(samples):
+        n = len(s.input_ids)
+        out["input_ids"][b, :n] = torch.tensor(s.input_ids)
+        out["attention_mask"][b, :n] = 1
+        out["loss_mask"][b, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+        out["old_logprobs"][b, :n] = torch.tensor(s.old_logprobs)
+        out["advantages"][b, :n] = torch.tensor(s.advantages)
+        k = len(s.value_positions)
+        if k:
+            out["value_positions"][b, :k] = torch.tensor(s.value_positions)
+            out["returns"][b, :k] = torch.tensor(s.returns)
+            out["value_mask"][b, :k] = 1
+    return out

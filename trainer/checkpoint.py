@@ -1,0 +1,85 @@
+"""Checkpoints that survive a SIGKILL: written to a temporary folder, renamed into place, and
+only then named by the `latest` pointer (itself replaced atomically). Tensors go to safetensors
+and the rest to JSON, so loading a checkpoint never unpickles anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    state = optimizer.state_dict()
+    tensors = {}
+    for idx, entry in state["state"].items():
+        for key, value in entry.items():
+            tensors[f"{idx}.{key}"] = (value if torch.is_tensor(value) else torch.tensor(value)).contiguous()
+    return tensors, {"param_groups": state["param_groups"]}
+
+
+def _optimizer_state(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
+    state: dict[int, dict] = {}
+    for name, value in tensors.items():
+        idx, key = name.split(".", 1)
+        state.setdefault(int(idx), {})[key] = value
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def save(root: Path, iteration: int, model: Any, optimizer: torch.optim.Optimizer,
+         extra_modules: dict[str, torch.nn.Module], state: dict) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"it-{iteration:05d}"
+    tmp = Path(tempfile.mkdtemp(prefix=".ckpt-", dir=root))
+    try:
+        model.save_pretrained(str(tmp / "adapter"), safe_serialization=True)
+        tensors, meta = _optimizer_tensors(optimizer)
+        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        for name, module in extra_modules.items():
+            save_file({k: v.contiguous() for k, v in module.state_dict().items()},
+                      str(tmp / f"{name}.safetensors"))
+        save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+        (tmp / "state.json").write_text(json.dumps({
+            **state, "iteration": iteration, "optimizer": meta,
+            "python_random": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]]}))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    pointer = root / ".latest.tmp"
+    pointer.write_text(final.name)
+    os.replace(pointer, root / "latest")
+    return final
+
+
+def latest(root: Path) -> Path | None:
+    pointer = root / "latest"
+    if not pointer.is_file():
+        return None
+    path = root / pointer.read_text().strip()
+    return path if (path / "state.json").is_file() else None
+
+
+def load(path: Path, model: Any, optimizer: torch.optim.Optimizer,
+         extra_modules: dict[str, torch.nn.Module]) -> dict:
+    """Restore the LoRA weights, optimizer, extra modules and RNG; returns the saved state."""
+    from peft import set_peft_model_state_dict
+
+    set_peft_model_state_dict(model, load_file(str(path / "adapter" / "adapter_model.safetensors")))
+    state = json.loads((path / "state.json").read_text())
+    optimizer.load_state_dict(_optimizer_state(load_file(str(path / "optimizer.safetensors")),
+                                               state["optimizer"]))
+    for name, module in extra_modules.items():
+        module.load_state_dict(load_file(str(path / f"{name}.safetensors")))
+    torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch"])
+    version, internal, gauss = state["python_random"]
+    random.setstate((version, tuple(internal), gauss))
+    return state

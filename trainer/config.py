@@ -1,0 +1,132 @@
+"""Trainer settings: frozen dataclasses, validated on creation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+def _check(cond: bool, name: str, expected: str, value: object) -> None:
+    if not cond:
+        raise ValueError(f"{name}: expected {expected}, got {value!r}")
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Settings shared by GRPO and PPO."""
+
+    gamma: float = 0.95
+    """Discount over the model calls of a trajectory: G_t = r_t + gamma * G_{t+1}."""
+    group_size: int = 8
+    """Rollouts per task per iteration (GRPO's group)."""
+    tasks_per_iteration: int | None = None
+    """Tasks sampled for each iteration (None: all of them)."""
+    concurrency: int = 8
+    """Rollouts run at once (the embedded policy batches their model calls)."""
+    lr: float = 1e-4
+    """AdamW learning rate for the LoRA (and value head)."""
+    epochs: int = 1
+    """Passes over each iteration's samples."""
+    minibatch_size: int = 8
+    """Sequences per optimiser step."""
+    clip_low: float = 0.2
+    """Lower clip of the importance ratio: 1 - clip_low."""
+    clip_high: float = 0.2
+    """Upper clip of the importance ratio: 1 + clip_high (asymmetric clipping when different)."""
+    tis_cap: float | None = None
+    """Cap of truncated importance weights for stale samples (None: off)."""
+    kl_beta: float = 0.0
+    """Weight of the k3 KL to the reference (the base model, adapter disabled); 0 skips it."""
+    loss_aggregation: str = "token"
+    """'token' (every trained token weighs the same) or 'sequence' (each sequence the same)."""
+    lora_rank: int = 16
+    """LoRA rank."""
+    lora_alpha: int = 32
+    """LoRA alpha (scale = alpha / rank)."""
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    """Module names that get LoRA."""
+    max_seq_len: int = 1024
+    """Longest training sequence; longer ones are truncated and counted."""
+    merge_steps: bool = False
+    """Merge consecutive calls whose prompt extends the previous sequence into one sample."""
+    grad_clip: float = 1.0
+    """Gradient-norm clip."""
+    success_threshold: float = 1.0
+    """A rollout whose reward reaches this counts as a success in the metrics."""
+    skip_uniform_groups: bool = True
+    """Leave out groups whose rollouts all got the same reward (no signal)."""
+    bf16: bool | None = None
+    """bf16 autocast for the update (None: where the CPU supports it)."""
+    run_name: str = "run"
+    """Adapter versions are published as '<run_name>-v<N>'."""
+    out_dir: str = "runs/train"
+    """Run folder: adapters, checkpoints, metrics.jsonl, TensorBoard logs, trajectories.db."""
+    seed: int = 0
+    """Seed for task sampling, shuffling and initialisation."""
+    progress: bool = True
+    """Show progress bars."""
+
+    def __post_init__(self) -> None:
+        _check(_number(self.gamma) and 0 <= self.gamma <= 1, "gamma", "a number in [0, 1]", self.gamma)
+        for name in ("group_size", "concurrency", "epochs", "minibatch_size", "lora_rank",
+                     "lora_alpha", "max_seq_len"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name,
+                   "an int >= 1", value)
+        _check(self.tasks_per_iteration is None or (isinstance(self.tasks_per_iteration, int)
+               and self.tasks_per_iteration >= 1), "tasks_per_iteration", "an int >= 1 or None",
+               self.tasks_per_iteration)
+        _check(_number(self.lr) and self.lr > 0, "lr", "a number > 0", self.lr)
+        for name in ("clip_low", "clip_high"):
+            value = getattr(self, name)
+            _check(_number(value) and 0 < value < 1, name, "a number in (0, 1)", value)
+        _check(self.tis_cap is None or (_number(self.tis_cap) and self.tis_cap >= 1), "tis_cap",
+               "None or a number >= 1", self.tis_cap)
+        _check(_number(self.kl_beta) and self.kl_beta >= 0, "kl_beta", "a number >= 0", self.kl_beta)
+        _check(self.loss_aggregation in ("token", "sequence"), "loss_aggregation",
+               "'token' or 'sequence'", self.loss_aggregation)
+        _check(isinstance(self.lora_targets, tuple) and all(isinstance(t, str) for t in self.lora_targets)
+               and len(self.lora_targets) > 0, "lora_targets", "a non-empty tuple of module names",
+               self.lora_targets)
+        _check(_number(self.grad_clip) and self.grad_clip > 0, "grad_clip", "a number > 0", self.grad_clip)
+        _check(isinstance(self.run_name, str) and self.run_name.replace("-", "").replace("_", "").isalnum(),
+               "run_name", "letters, digits, - and _", self.run_name)
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class GRPOConfig(TrainerConfig):
+    """Multi-turn GRPO: per-step discounted returns normalised within each task's group."""
+
+    scale_by_std: bool = True
+    """Divide by the group's standard deviation (False: only subtract the mean, as Dr. GRPO)."""
+
+
+@dataclass(frozen=True)
+class PPOConfig(TrainerConfig):
+    """Multi-turn PPO: GAE over steps with a value head on the policy's hidden states."""
+
+    lam: float = 0.95
+    """GAE lambda."""
+    value_coef: float = 0.5
+    """Weight of the value loss."""
+    value_lr: float = 1e-2
+    """Learning rate of the value head (it starts from scratch)."""
+    normalize_advantages: bool = False
+    """Whiten advantages over each iteration's batch (off by default: when most rollouts agree,
+    whitening blows value-estimate noise up to unit-size advantages and the policy drifts)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(_number(self.lam) and 0 <= self.lam <= 1, "lam", "a number in [0, 1]", self.lam)
+        _check(_number(self.value_coef) and self.value_coef >= 0, "value_coef", "a number >= 0",
+               self.value_coef)
+        _check(_number(self.value_lr) and self.value_lr > 0, "value_lr", "a number > 0", self.value_lr)
+
+
+__all__ = ["GRPOConfig", "PPOConfig", "TrainerConfig", "field"]

@@ -1,0 +1,278 @@
+"""The training loop GRPO and PPO share: rollouts -> advantages -> update -> publish.
+
+Each iteration runs `group_size` rollouts of each chosen task concurrently through the user's
+own rollout function (a wrapped agent, or anything that records into the current episode),
+turns the recorded trajectories into samples, updates the LoRA, saves adapter vN (safetensors,
+atomically), publishes it to the live policy, logs metrics and writes a checkpoint. A run
+killed at any point resumes from its last checkpoint with `resume=True`; every trajectory
+recorded before the kill stays in the store.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from forge_bridge.policy import Policy
+from forge_bridge.session import Recorder, episode
+from forge_bridge.trainer import checkpoint
+from forge_bridge.trainer.advantages import discounted_returns, step_rewards
+from forge_bridge.trainer.batch import BatchStats, Sample, build_samples, collate
+from forge_bridge.trainer.config import TrainerConfig
+from forge_bridge.trainer.lora import attach_lora, save_adapter, token_logprobs
+from forge_bridge.types import Trajectory
+
+Rollout = Callable[[Any], float]
+"""Runs the agent on one task inside the episode the trainer opened; returns the reward."""
+
+
+def task_id_of(task: Any, index: int) -> str:
+    if isinstance(task, dict) and "id" in task:
+        return str(task["id"])
+    if hasattr(task, "id"):
+        return str(task.id)
+    return f"task-{index}"
+
+
+def check_reward(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"the rollout function must return a finite number (the reward), got {value!r}")
+    return float(value)
+
+
+class Trainer:
+    """Shared machinery; `GRPOTrainer` and `PPOTrainer` supply advantages and the loss."""
+
+    extra_modules: dict[str, torch.nn.Module]
+
+    def __init__(self, policy: Policy, config: TrainerConfig, *, model: str | None = None,
+                 recorder: Recorder | None = None) -> None:
+        from forge_bridge import models
+        from forge_bridge.local_policy import bf16_supported
+
+        if not isinstance(policy, Policy):
+            raise TypeError(f"policy: expected a forge_bridge Policy, got {type(policy).__name__}")
+        if not isinstance(config, TrainerConfig):
+            raise TypeError(f"config: expected a GRPOConfig or PPOConfig, got {type(config).__name__}")
+        source = model or getattr(policy, "model_path", None)
+        if source is None:
+            raise ValueError("the trainer needs the base model the policy serves: pass "
+                             "model='<name or directory>' (a VLLMPolicy does not know it)")
+        self.policy, self.config = policy, config
+        self.out = Path(config.out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(config.seed)
+        self.rng = random.Random(config.seed)
+        base, self.tokenizer = models.load(str(source))
+        self.model = attach_lora(base, config.lora_rank, config.lora_alpha, config.lora_targets)
+        self.bf16 = bf16_supported() if config.bf16 is None else config.bf16
+        self.extra_modules = self._extra_modules(base.config.hidden_size)
+        self.optimizer = torch.optim.AdamW(self._param_groups())
+        self.recorder = recorder or Recorder(self.out / "trajectories.db", run_id=config.run_name)
+        self.iteration = 0
+        self.history: list[dict] = []
+        self._tb = None
+
+    # ------------------------------------------------------------------ subclass hooks
+    def _extra_modules(self, hidden_size: int) -> dict[str, torch.nn.Module]:
+        return {}
+
+    def _param_groups(self) -> list[dict]:
+        return [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": self.config.lr}]
+
+    def prepare(self, groups: dict[tuple, list[Trajectory]]) -> tuple[list[Sample], BatchStats, dict]:
+        raise NotImplementedError
+
+    def loss(self, logp: torch.Tensor, hidden: torch.Tensor, batch: dict) -> tuple[torch.Tensor, dict]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ the loop
+    def train(self, rollout: Rollout, tasks: Sequence[Any], iterations: int, *,
+              resume: bool = False) -> list[dict]:
+        """Run iterations until `iterations` in all have been done (counting resumed ones)."""
+        from tqdm.auto import tqdm
+
+        if not callable(rollout):
+            raise TypeError(f"rollout: expected a function task -> reward, got {type(rollout).__name__}")
+        tasks = list(tasks)
+        if not tasks:
+            raise ValueError("tasks: expected at least one task")
+        if resume:
+            self.resume()
+        bar = tqdm(range(self.iteration, iterations), desc="training", unit="it",
+                   disable=not self.config.progress, initial=self.iteration, total=iterations)
+        for it in bar:
+            t0 = time.perf_counter()
+            groups, rollout_stats = self.collect(rollout, self._tasks_for(it, tasks), it)
+            t1 = time.perf_counter()
+            samples, batch_stats, adv_stats = self.prepare(groups)
+            update_stats = self.update(samples) if samples else {}
+            t2 = time.perf_counter()
+            version = self.publish(it + 1)
+            t3 = time.perf_counter()
+            metrics = {"iteration": it + 1, "adapter": version, **rollout_stats, **adv_stats,
+                       **{f"batch_{k}": v for k, v in vars(batch_stats).items()}, **update_stats,
+                       "time_rollout_s": t1 - t0, "time_update_s": t2 - t1, "time_publish_s": t3 - t2,
+                       "tokens_per_s": batch_stats.trained_tokens / max(t2 - t1, 1e-9)}
+            self.iteration = it + 1
+            self.log(metrics)
+            self.save_checkpoint()
+            bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}",
+                            success=f"{metrics['success_rate']:.2f}")
+        return self.history
+
+    def _tasks_for(self, it: int, tasks: list) -> list[tuple[str, Any]]:
+        indexed = [(task_id_of(t, i), t) for i, t in enumerate(tasks)]
+        k = self.config.tasks_per_iteration
+        if k is None or k >= len(indexed):
+            return indexed
+        return random.Random(self.config.seed * 100_003 + it).sample(indexed, k)
+
+    def collect(self, rollout: Rollout, tasks: list[tuple[str, Any]], it: int
+                ) -> tuple[dict[tuple, list[Trajectory]], dict]:
+        """Run the rollouts of one iteration; returns trainable trajectories by group."""
+        from tqdm.auto import tqdm
+
+        jobs = [(tid, task, f"{self.config.run_name}-it{it + 1}-{tid}")
+                for tid, task in tasks for _ in range(self.config.group_size)]
+
+        def one(tid: str, task: Any, group: str) -> None:
+            try:
+                with episode(tid, group, recorder=self.recorder, metadata={"iteration": it + 1}) as ep:
+                    ep.reward(check_reward(rollout(task)))
+            except Exception:  # the episode is recorded as failed, with the reason; counted below
+                pass
+
+        with ThreadPoolExecutor(self.config.concurrency) as pool:
+            futures = [pool.submit(one, *job) for job in jobs]
+            for f in tqdm(as_completed(futures), total=len(futures), desc=f"rollouts {it + 1}",
+                          leave=False, disable=not self.config.progress):
+                f.result()
+        groups: dict[tuple, list[Trajectory]] = {}
+        skipped = {"failed": 0, "incomplete": 0}
+        reasons: list[str] = []
+        rewards = []
+        for group in sorted({g for _, _, g in jobs}):
+            for traj in self.recorder.store.iter(group_id=group):
+                if traj.status == "failed" and traj.metadata.get("policy_fault"):
+                    # The policy's own failure (a malformed call): trained on, scored 0 if unscored.
+                    traj.reward = traj.reward if traj.reward is not None else 0.0
+                elif traj.status in ("failed", "incomplete"):  # outages, crashes: not the policy's
+                    skipped[traj.status] += 1
+                    reasons.append(str(traj.metadata.get("error", traj.status)))
+                    continue
+                if not traj.transitions or traj.reward is None:  # a crew's parent: steps live in roles
+                    continue
+                groups.setdefault((group, traj.metadata.get("role")), []).append(traj)
+                rewards.append(traj.reward)
+        if skipped["failed"]:
+            print(f"iteration {it + 1}: skipped {skipped['failed']} failed episode(s) "
+                  f"(e.g. {reasons[0]})")
+        r = torch.tensor(rewards) if rewards else torch.zeros(1)
+        return groups, {"episodes": len(jobs), "episodes_failed": skipped["failed"],
+                        "episodes_incomplete": skipped["incomplete"],
+                        "reward_mean": float(r.mean()), "reward_std": float(r.std(unbiased=False)),
+                        "success_rate": float((r >= self.config.success_threshold).float().mean())}
+
+    def _returns(self, group: list[Trajectory]) -> list[torch.Tensor]:
+        return [discounted_returns(step_rewards([t.reward for t in traj.transitions], traj.reward),
+                                   self.config.gamma) for traj in group]
+
+    def _autocast(self):
+        return torch.autocast("cpu", dtype=torch.bfloat16) if self.bf16 else nullcontext()
+
+    def update(self, samples: list[Sample]) -> dict:
+        """`epochs` passes of minibatch steps over the samples; returns averaged statistics."""
+        self.model.train()
+        totals: dict[str, float] = {}
+        steps = 0
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        for _ in range(self.config.epochs):
+            order = list(range(len(samples)))
+            self.rng.shuffle(order)
+            for start in range(0, len(order), self.config.minibatch_size):
+                batch = collate([samples[i] for i in order[start:start + self.config.minibatch_size]], pad)
+                with self._autocast():
+                    logp, hidden, entropy = token_logprobs(self.model, batch["input_ids"],
+                                                           batch["attention_mask"], batch["loss_mask"],
+                                                           with_entropy=True)
+                    loss, stats = self.loss(logp, hidden, batch)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                params = [p for g in self.optimizer.param_groups for p in g["params"]]
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip)
+                self.optimizer.step()
+                stats.update(loss=float(loss.detach()), grad_norm=float(grad_norm),
+                             entropy=float(entropy.mean()) if entropy is not None and entropy.numel() else 0.0)
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0.0) + v
+                steps += 1
+        self.model.eval()
+        return {k: v / max(steps, 1) for k, v in totals.items()} | {"optimizer_steps": steps}
+
+    def reference_logprobs(self, batch: dict) -> torch.Tensor:
+        """Log-probabilities under the base model (adapter disabled), without gradient."""
+        with torch.no_grad(), self.model.disable_adapter():
+            ref, _, _ = token_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
+                                       batch["loss_mask"])
+        return ref
+
+    # ------------------------------------------------------------------ publish, log, checkpoint
+    def version_name(self, n: int) -> str:
+        return f"{self.config.run_name}-v{n}"
+
+    def publish(self, n: int) -> str:
+        """Save adapter vN atomically and make the live policy serve it."""
+        path = save_adapter(self.model, self.out / "adapters" / self.version_name(n))
+        version = self.version_name(n)
+        if version not in self.policy.versions:
+            self.policy.load_adapter(path, version)
+        return version
+
+    def log(self, metrics: dict) -> None:
+        self.history.append(metrics)
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(metrics) + "\n")
+        if self._tb is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.out / "tb"))
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and key != "iteration":
+                self._tb.add_scalar(key, value, metrics["iteration"])
+        self._tb.flush()
+
+    def save_checkpoint(self) -> Path:
+        return checkpoint.save(self.out / "checkpoints", self.iteration, self.model, self.optimizer,
+                               self.extra_modules, {"config": self.config.to_dict(),
+                                                    "trainer_rng": list(self.rng.getstate()[1])})
+
+    def resume(self) -> int:
+        """Continue from the last checkpoint in the run folder (none: start from scratch)."""
+        path = checkpoint.latest(self.out / "checkpoints")
+        if path is None:
+            return self.iteration
+        state = checkpoint.load(path, self.model, self.optimizer, self.extra_modules)
+        self.iteration = state["iteration"]
+        self.rng.setstate((3, tuple(state["trainer_rng"]), None))
+        log = self.out / "metrics.jsonl"
+        lines = log.read_text().splitlines() if log.exists() else []
+        # An iteration logged but not checkpointed before the kill is run again: drop its line.
+        self.history = [m for m in map(json.loads, filter(str.strip, lines))
+                        if m["iteration"] <= self.iteration]
+        log.write_text("".join(json.dumps(m) + "\n" for m in self.history))
+        if self.iteration:
+            self.publish(self.iteration)
+        return self.iteration
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()

@@ -1,0 +1,91 @@
+"""Multi-turn PPO: GAE over steps, with a value head trained beside the LoRA.
+
+The value head reads the policy's hidden state at the last prompt token of each step, V(s_t),
+so states are valued by the same network that acts (a second critic model would not fit a
+small CPU budget).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from forge_bridge.trainer.advantages import gae, step_rewards
+from forge_bridge.trainer.batch import build_samples, collate
+from forge_bridge.trainer.config import PPOConfig
+from forge_bridge.trainer.lora import token_logprobs
+from forge_bridge.trainer.loop import Trainer
+from forge_bridge.trainer.losses import aggregate, clipped_policy_loss, kl_k3, value_loss
+
+
+def read_values(head: torch.nn.Module, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """hidden [B, T, H], positions [B, S] -> values [B, S]."""
+    picked = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, S, H]
+    return head(picked.float()).squeeze(-1)
+
+
+class PPOTrainer(Trainer):
+    config: PPOConfig
+
+    def _extra_modules(self, hidden_size: int) -> dict[str, torch.nn.Module]:
+        head = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.zeros_(head.weight)
+        torch.nn.init.zeros_(head.bias)
+        return {"value_head": head}
+
+    def _param_groups(self) -> list[dict]:
+        return super()._param_groups() + [{"params": list(self.extra_modules["value_head"].parameters()),
+                                           "lr": self.config.value_lr}]
+
+    def _step_values(self, trajs) -> dict[tuple[str, int], float]:
+        zeros = [torch.zeros(len(t.transitions)) for t in trajs]
+        samples, _ = build_samples(trajs, zeros, self.config.max_seq_len, merge=False)
+        values: dict[tuple[str, int], float] = {}
+        pad = self.tokenizer.pad_token_id or 0
+        with torch.no_grad():
+            for start in range(0, len(samples), self.config.minibatch_size):
+                chunk = samples[start:start + self.config.minibatch_size]
+                batch = collate(chunk, pad)
+                with self._autocast():
+                    _, hidden, _ = token_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
+                                                  batch["loss_mask"])
+                v = read_values(self.extra_modules["value_head"], hidden, batch["value_positions"])
+                for b, sample in enumerate(chunk):
+                    for k, step in enumerate(sample.steps):
+                        values[step] = float(v[b, k])
+        return values
+
+    def prepare(self, groups):
+        trajs = [t for group in groups.values() for t in group]
+        values = self._step_values(trajs)
+        advs, rets = [], []
+        for t in trajs:
+            r = step_rewards([s.reward for s in t.transitions], t.reward)
+            v = torch.tensor([values.get((t.id, i), 0.0) for i in range(len(t.transitions))])
+            a, ret = gae(r, v, self.config.gamma, self.config.lam)
+            advs.append(a)
+            rets.append(ret)
+        if self.config.normalize_advantages and advs:
+            flat = torch.cat(advs)
+            if flat.numel() > 1 and flat.std() > 1e-6:
+                advs = [(a - flat.mean()) / (flat.std() + 1e-6) for a in advs]
+        samples, stats = build_samples(trajs, advs, self.config.max_seq_len, self.config.merge_steps,
+                                       step_returns=rets)
+        return samples, stats, {"value_mean": sum(values.values()) / max(len(values), 1)}
+
+    def loss(self, logp, hidden, batch):
+        mask = batch["loss_mask"]
+        loss, stats = clipped_policy_loss(logp, batch["old_logprobs"], batch["advantages"], mask,
+                                          self.config.clip_low, self.config.clip_high,
+                                          self.config.tis_cap, self.config.loss_aggregation)
+        values = read_values(self.extra_modules["value_head"], hidden, batch["value_positions"])
+        vloss = value_loss(values, batch["returns"], batch["value_mask"])
+        loss = loss + self.config.value_coef * vloss
+        stats["value_loss"] = float(vloss.detach())
+        if self.config.kl_beta > 0:
+            kl = aggregate(kl_k3(logp, self.reference_logprobs(batch)), mask, self.config.loss_aggregation)
+            loss = loss + self.config.kl_beta * kl
+            stats["kl"] = float(kl)
+        else:
+            with torch.no_grad():
+                stats["kl"] = float(aggregate(kl_k3(logp, batch["old_logprobs"]), mask))
+        return loss, stats

@@ -1,0 +1,66 @@
+"""Supervised warm start: fit the LoRA to recorded demonstrations.
+
+A 135M model does not emit tool calls out of the box, so RL has no signal to start from.
+Demonstrations recorded through the same adapters (the agent run on a scripted expert) are
+turned into the very samples RL uses (same token ids, same masks) and trained with the
+negative log-likelihood of their completions.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from forge_bridge.trainer.batch import build_samples, collate
+from forge_bridge.trainer.lora import token_logprobs
+from forge_bridge.trainer.losses import aggregate
+from forge_bridge.types import Trajectory
+
+
+def sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean negative log-likelihood of the trained tokens.  [B, T] -> scalar."""
+    return -aggregate(logp, mask, "token")
+
+
+def supervised_finetune(trainer, demonstrations: Sequence[Trajectory], *, epochs: int = 2,
+                        lr: float | None = None, publish: bool = True) -> dict:
+    """Train `trainer`'s LoRA on the demonstrations; then publish the result as its next version."""
+    from tqdm.auto import tqdm
+
+    trajs = [t for t in demonstrations if t.transitions]
+    ones = [torch.ones(len(t.transitions)) for t in trajs]
+    samples, stats = build_samples(trajs, ones, trainer.config.max_seq_len, trainer.config.merge_steps)
+    if not samples:
+        raise ValueError("supervised_finetune: the demonstrations hold no trainable steps "
+                         "(were they recorded with token ids?)")
+    optimizer = torch.optim.AdamW([p for p in trainer.model.parameters() if p.requires_grad],
+                                  lr=lr or trainer.config.lr)
+    pad = trainer.tokenizer.pad_token_id or 0
+    trainer.model.train()
+    losses = []
+    steps = epochs * -(-len(samples) // trainer.config.minibatch_size)
+    with tqdm(total=steps, desc="sft", disable=not trainer.config.progress) as bar:
+        for _ in range(epochs):
+            order = list(range(len(samples)))
+            trainer.rng.shuffle(order)
+            for start in range(0, len(order), trainer.config.minibatch_size):
+                batch = collate([samples[i] for i in order[start:start + trainer.config.minibatch_size]], pad)
+                with trainer._autocast():
+                    logp, _, _ = token_logprobs(trainer.model, batch["input_ids"], batch["attention_mask"],
+                                                batch["loss_mask"])
+                    loss = sft_loss(logp, batch["loss_mask"])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), trainer.config.grad_clip)
+                optimizer.step()
+                losses.append(float(loss.detach()))
+                bar.update(1)
+                bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    trainer.model.eval()
+    result = {"sft_samples": stats.samples, "sft_tokens": stats.trained_tokens,
+              "sft_loss_first": losses[0], "sft_loss_last": losses[-1]}
+    if publish:
+        trainer.iteration += 1
+        result["adapter"] = trainer.publish(trainer.iteration)
+    return result
