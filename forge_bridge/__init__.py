@@ -10,7 +10,7 @@ from typing import Any
 
 from forge_bridge.env import Environment, StepResult
 from forge_bridge.policy import (AdapterError, Policy, PolicyError, PolicyOutput,
-                                 PolicyResponseError, PolicyUnavailable)
+                                 PolicyResponseError, PolicyUnavailable, sampling)
 from forge_bridge.session import Episode, Recorder, current_episode, episode
 from forge_bridge.store import StoreError, TrajectoryStore
 from forge_bridge.types import (Action, Observation, SchemaError, ToolCall, Trajectory,
@@ -45,5 +45,5 @@ __all__ = [
     "Policy", "PolicyError", "PolicyOutput", "PolicyResponseError", "PolicyUnavailable",
     "Recorder", "SchemaError", "StepResult", "StoreError", "ToolCall", "Trajectory",
     "TrajectoryGroup", "TrajectoryStore", "Transition", "VLLMPolicy", "VLLMServer",
-    "current_episode", "episode", "wrap", "__version__",
+    "current_episode", "episode", "sampling", "wrap", "__version__",
 ]

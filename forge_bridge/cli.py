@@ -8,9 +8,81 @@ from pathlib import Path
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from forge_bridge import demo
 
-    demo.run(args.out)
+    config = demo.DemoConfig(model=args.model, out_dir=args.out, seed=args.seed)
+    if args.quick:  # a minute-long smoke run of the whole pipeline
+        config = replace(config, train_per_kind=4, eval_per_kind=2, sft_epochs=1, rl_iterations=2,
+                         rl_tasks_per_iteration=2, group_size=4)
+    if args.rl_iterations is not None:
+        config = replace(config, rl_iterations=args.rl_iterations)
+    demo.run(config)
+    return 0
+
+
+def _load_attr(spec: str, what: str):
+    import importlib
+
+    module_name, _, attr = spec.partition(":")
+    if not attr:
+        raise ValueError(f"{what}: expected 'module:name', got {spec!r}")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"{what}: cannot load {spec!r} ({exc})") from None
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    import forge_bridge as fb
+
+    make_rollout = _load_attr(args.rollout, "--rollout")
+    tasks = _load_attr(args.tasks, "--tasks")
+    tasks = tasks() if callable(tasks) else tasks
+    policy = fb.LocalPolicy(args.model)
+    common = dict(gamma=args.gamma, group_size=args.group_size, lr=args.lr, out_dir=args.out,
+                  run_name=args.run_name, tasks_per_iteration=args.tasks_per_iteration)
+    trainer = (fb.GRPOTrainer(policy, fb.GRPOConfig(**common)) if args.algo == "grpo"
+               else fb.PPOTrainer(policy, fb.PPOConfig(**common)))
+    history = trainer.train(make_rollout(policy), tasks, args.iterations, resume=args.resume)
+    trainer.close()
+    last = history[-1] if history else {}
+    print(f"done: {trainer.iteration} iterations, live adapter {policy.current_adapter}, last mean "
+          f"reward {last.get('reward_mean', float('nan')):.3f}; run folder {args.out}")
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    import forge_bridge as fb
+    from forge_bridge import demo
+    from forge_bridge.tasks import make_splits
+
+    _, held_out = make_splits(eval_per_kind=args.per_kind, seed=args.seed)
+    policy = fb.LocalPolicy(args.model)
+    if args.adapter:
+        policy.load_adapter(args.adapter, "evaluated")
+    agent = demo.build_agent(policy, 0.0, 64)
+    recorder = fb.Recorder(args.store, run_id="eval")
+    passed = demo.run_tasks(agent, held_out, recorder, greedy=True, concurrency=8, desc="eval")
+    rates = demo.rates(held_out, passed)
+    for name, value in rates.items():
+        print(f"{name:<20}{value * 100:>6.0f}%")
+    return 0
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from forge_bridge import models
+    from forge_bridge.policy import check_adapter_dir
+
+    print(f"wrote {models.merge(args.model, check_adapter_dir(args.adapter), args.out)}")
+    return 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from forge_bridge.plot import plot_run
+
+    print(f"wrote {plot_run(args.run_dir, args.out)}")
     return 0
 
 
@@ -82,12 +154,67 @@ def build_parser() -> argparse.ArgumentParser:
         description="Record, train and serve tool-using LangChain and CrewAI agents with RL.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("demo", help="run the end-to-end demo on the embedded model",
-                       description="Load the embedded SmolLM2-135M model (offline), make one "
-                                   "tool-calling model call, record it with its exact token ids "
-                                   "into a trajectory store and export it.")
+    p = sub.add_parser("demo", help="train a LangChain agent on the embedded model: base -> SFT -> GRPO",
+                       description="The main job: an ordinary LangChain create_agent agent with "
+                                   "calculator and lookup tools runs on the embedded SmolLM2-135M "
+                                   "(offline, CPU) through ForgeMiddleware; it is evaluated, warm-"
+                                   "started with SFT on scripted demonstrations, trained with multi-"
+                                   "turn GRPO while it keeps running, and evaluated again. Prints "
+                                   "the held-out success table and writes the run folder.")
     p.add_argument("--out", default="runs/demo", help="run folder (default: runs/demo)")
+    p.add_argument("--model", default="smollm2-135m-instruct",
+                   help="embedded model name or a model directory (default: smollm2-135m-instruct)")
+    p.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
+    p.add_argument("--rl-iterations", type=int, help="GRPO iterations (default: 16)")
+    p.add_argument("--quick", action="store_true", help="tiny scale: checks the pipeline in a minute")
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("train", help="train your own agent: a rollout function and tasks",
+                       description="Train a LoRA on LocalPolicy(MODEL) with GRPO or PPO. --rollout "
+                                   "names a function policy -> rollout, where rollout(task) runs "
+                                   "your agent on the policy and returns the reward; --tasks names "
+                                   "a list of tasks (or a function returning one). Each iteration's "
+                                   "adapter is published to the policy your agent runs on.")
+    p.add_argument("--rollout", required=True, help="module:function, e.g. my_agent:make_rollout")
+    p.add_argument("--tasks", required=True, help="module:name of the task list, e.g. my_agent:TASKS")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="embedded name or model directory")
+    p.add_argument("--algo", choices=("grpo", "ppo"), default="grpo")
+    p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--tasks-per-iteration", type=int)
+    p.add_argument("--gamma", type=float, default=0.95)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--run-name", default="run")
+    p.add_argument("--out", default="runs/train", help="run folder (default: runs/train)")
+    p.add_argument("--resume", action="store_true", help="continue from the run folder's checkpoint")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("eval", help="held-out success of the demo agent, optionally with an adapter",
+                       description="Run the demo's LangChain agent greedily on the held-out tasks "
+                                   "and print the success rate per task kind.")
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--adapter", help="a LoRA adapter directory to evaluate")
+    p.add_argument("--per-kind", type=int, default=10, help="held-out tasks per kind (default: 10)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--store", default="runs/eval/trajectories.db", help="where the episodes are recorded")
+    p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("merge", help="merge an adapter into the base model (a standalone model directory)",
+                       description="Write MODEL with ADAPTER merged into its weights as a standalone "
+                                   "transformers directory (safetensors, tokenizer and chat template "
+                                   "included) that vLLM, llama.cpp converters or transformers load "
+                                   "without peft.")
+    p.add_argument("model", help="embedded model name or model directory")
+    p.add_argument("adapter", help="the LoRA adapter directory")
+    p.add_argument("out", help="output directory")
+    p.set_defaults(func=_cmd_merge)
+
+    p = sub.add_parser("plot", help="plot the reward curve of a training run folder",
+                       description="Read RUN_DIR/metrics.jsonl and write a PNG of the mean reward "
+                                   "and success rate per iteration.")
+    p.add_argument("run_dir", help="a run folder (with metrics.jsonl)")
+    p.add_argument("--out", help="PNG path (default: RUN_DIR/reward_curve.png)")
+    p.set_defaults(func=_cmd_plot)
 
     p = sub.add_parser("export", help="export recorded trajectories to JSONL or Parquet",
                        description="Export trajectories from a SQLite trajectory store. JSONL "

@@ -1,72 +1,244 @@
-"""What `forge-bridge demo` runs until the training pipeline lands: one real model call of the
-embedded model on a tool-calling prompt, recorded as a transition with its exact tokens,
-stored, read back and exported."""
+"""The main job, `forge-bridge demo` (what `make demo` runs): an ordinary LangChain agent gets
+measurably better at tool use through forge-bridge, on the embedded model, on a CPU.
+
+1. build a `create_agent` agent with calculator and lookup tools, on `LocalPolicy` through
+   `ForgeMiddleware` (the one added line);
+2. evaluate it greedily on the held-out tasks (base);
+3. record demonstrations through the same middleware with a scripted expert policy, and warm
+   start the LoRA with SFT on them (a 135M model does not call tools out of the box);
+4. evaluate (SFT); train with multi-turn GRPO (per-step gamma credit) while the same agent
+   object keeps running and picks up every new adapter; evaluate (SFT+RL);
+5. print the table, write the reward curve and TensorBoard logs, and let the live agent answer
+   one more question with the trained adapter.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from forge_bridge import models
-from forge_bridge.store import TrajectoryStore
-from forge_bridge.types import Action, Observation, Trajectory, Transition
-
-CALCULATOR = {"type": "function", "function": {
-    "name": "multiply", "description": "Multiply two integers exactly.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                   "required": ["a", "b"]}}}
+from forge_bridge.tasks import KINDS_ORDER, Task, check_answer, expert_reply, make_splits
 
 
-def sample_once(model, tokenizer, messages: list[dict], tools: list[dict] | None,
-                max_new_tokens: int = 48) -> tuple[list[int], list[int], list[float], str]:
-    """Greedy completion cut at the first end-of-turn, with each token's logprob."""
+@dataclass(frozen=True)
+class DemoConfig:
+    """Settings of the demo pipeline (the defaults are the measured `make demo`)."""
+
+    model: str = "smollm2-135m-instruct"
+    """Embedded model name or a local model directory."""
+    out_dir: str = "runs/demo"
+    """Run folder: trajectories, adapters, metrics, TensorBoard logs, reward_curve.png."""
+    seed: int = 0
+    """Seed for the task splits, sampling and training."""
+    train_per_kind: int = 24
+    """Training tasks of each kind."""
+    eval_per_kind: int = 10
+    """Held-out tasks of each kind."""
+    sft_epochs: int = 3
+    """Passes over the demonstrations."""
+    sft_lr: float = 2e-4
+    """SFT learning rate."""
+    rl_iterations: int = 12
+    """GRPO iterations."""
+    rl_tasks_per_iteration: int = 4
+    """Tasks per GRPO iteration."""
+    group_size: int = 8
+    """Rollouts per task (GRPO group)."""
+    rl_lr: float = 5e-5
+    """GRPO learning rate."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts (evaluation is greedy)."""
+    max_tokens: int = 48
+    """Completion limit per model call (the longest expert call is under 40 tokens)."""
+    max_model_calls: int = 4
+    """Step limit of one episode: a longer tool loop is cut and recorded as truncated."""
+    gamma: float = 0.95
+    """Per-step discount."""
+    concurrency: int = 16
+    """Agents run at once (their model calls are batched together)."""
+
+
+def build_agent(policy: Any, temperature: float, max_tokens: int) -> Any:
+    """The user's ordinary LangChain agent, plus the one forge-bridge line."""
+    from langchain.agents import create_agent
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    from forge_bridge.adapters.langchain import ForgeMiddleware
+    from forge_bridge.tasks import CITIES
+
+    @tool
+    def multiply(a: int, b: int) -> int:
+        """Multiply two integers."""
+        return a * b
+
+    @tool
+    def lookup(city: str) -> str:
+        """Population of a city."""
+        value = CITIES.get(city.strip())
+        return str(value) if value is not None else f"unknown city: {city}"
+
+    # The model the agent was written for; the middleware replaces it on every call.
+    model = ChatOpenAI(model="gpt-4o-mini", api_key="unused", base_url="http://127.0.0.1:9/v1")
+    return create_agent(model, [multiply, lookup],
+                        middleware=[ForgeMiddleware(policy, temperature=temperature, max_tokens=max_tokens)])
+
+
+def final_text(result: dict) -> str:
+    return str(result["messages"][-1].content)
+
+
+def attempt(agent: Any, task: Task, max_model_calls: int) -> bool:
+    """Run the agent on one task inside the current episode; pass/fail. A tool loop longer
+    than `max_model_calls` is cut (LangGraph's recursion limit) and the episode truncated."""
+    from langgraph.errors import GraphRecursionError
+
+    import forge_bridge as fb
+
+    try:
+        result = agent.invoke({"messages": [{"role": "user", "content": task.question}]},
+                              {"recursion_limit": 2 * max_model_calls})
+    except GraphRecursionError:
+        fb.current_episode().truncate(f"more than {max_model_calls} model calls")
+        return False
+    return check_answer(task, final_text(result))
+
+
+def run_tasks(agent: Any, tasks: list[Task], recorder: Any, *, greedy: bool, concurrency: int,
+              desc: str, progress: bool = True, max_model_calls: int = 4) -> list[bool]:
+    """Run each task once inside its own episode; returns pass/fail per task."""
+    from tqdm.auto import tqdm
+
+    import forge_bridge as fb
+
+    def one(task: Task) -> bool:
+        with fb.sampling(temperature=0) if greedy else contextlib.nullcontext():
+            with fb.episode(task.id, recorder=recorder, metadata={"kind": task.kind}) as ep:
+                try:
+                    passed = attempt(agent, task, max_model_calls)
+                except fb.PolicyError:
+                    raise
+                except Exception as exc:  # the agent stopped on its own error: a failed attempt
+                    ep.note_error(f"{type(exc).__name__}: {exc}")
+                    passed = False
+                ep.reward(1.0 if passed else 0.0)
+                return passed
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(tqdm(pool.map(one, tasks), total=len(tasks), desc=desc, leave=False,
+                         disable=not progress))
+
+
+def rates(tasks: list[Task], passed: list[bool]) -> dict[str, float]:
+    out = {"all": sum(passed) / max(len(passed), 1)}
+    for kind in KINDS_ORDER:
+        picked = [p for t, p in zip(tasks, passed) if t.kind == kind]
+        if picked:
+            out[kind] = sum(picked) / len(picked)
+    return out
+
+
+def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
     import torch
 
-    enc = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                        return_dict=True, return_tensors="pt")
-    with torch.inference_mode():
-        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                             output_scores=True, return_dict_in_generate=True,
-                             eos_token_id=tokenizer.eos_token_id,
-                             pad_token_id=tokenizer.pad_token_id)
-        scores = model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
-    prompt = enc["input_ids"][0].tolist()
-    completion = out.sequences[0, len(prompt):].tolist()
-    logprobs = [min(0.0, float(x)) for x in scores[0]]
-    if tokenizer.eos_token_id in completion:
-        cut = completion.index(tokenizer.eos_token_id) + 1
-        completion, logprobs = completion[:cut], logprobs[:cut]
-    text = tokenizer.decode(completion, skip_special_tokens=True)
-    return prompt, completion, logprobs, text
+    import forge_bridge as fb
+    from forge_bridge.plot import plot_run
+    from forge_bridge.scripted_policy import ScriptedPolicy
+    from forge_bridge.store import TrajectoryStore
+    from forge_bridge.trainer.sft import supervised_finetune
 
-
-def run(out_dir: str | Path = "runs/demo") -> Trajectory:
-    out = Path(out_dir)
+    torch.manual_seed(config.seed)
+    out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    print("loading the embedded model smollm2-135m-instruct (converted once, then cached) ...")
-    model, tokenizer = models.load("smollm2-135m-instruct")
-    print(f"  loaded in {time.time() - t0:.1f}s")
-    messages = [{"role": "user", "content": "What is 1234 times 5678? Use the multiply tool."}]
-    t1 = time.time()
-    prompt, completion, logprobs, text = sample_once(model, tokenizer, messages, [CALCULATOR])
-    finish = "stop" if completion and completion[-1] == tokenizer.eos_token_id else "length"
-    step = Transition(observation=Observation(messages=messages, tools=[CALCULATOR]),
-                      action=Action(content=text, finish_reason=finish),
-                      prompt_token_ids=prompt, completion_token_ids=completion,
-                      completion_logprobs=logprobs, adapter=None, terminated=True,
-                      info={"latency_s": round(time.time() - t1, 3)})
-    with TrajectoryStore(out / "trajectories.db") as store:
-        traj = Trajectory(task_id="multiply-1234-5678", run_id="demo")
-        store.begin(traj)
-        store.append(traj.id, step)
-        # The base model answers in prose: no tool call yet, so the task is failed (reward 0).
-        store.finish(traj.id, "complete", reward=0.0)
-        stored = store.get(traj.id)
-        n = store.export_jsonl(out / "trajectories.jsonl", run_id="demo")
-    print(f"  model call: {len(prompt)} prompt tokens, {len(completion)} completion tokens, "
-          f"{time.time() - t1:.1f}s, finish={finish}")
-    print(f"  reply: {text!r}")
-    print(f"  stored trajectory {stored.id} ({len(stored)} step, status {stored.status}); "
-          f"{n} trajectories of run 'demo' exported to {out / 'trajectories.jsonl'}")
-    return stored
+    (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
+    store = TrajectoryStore(out / "trajectories.db")
+    train, held_out = make_splits(config.train_per_kind, config.eval_per_kind, config.seed)
+    timings: dict[str, float] = {}
+    results: dict[str, dict] = {}
+
+    def phase(name: str):
+        print(f"\n== {name}", flush=True)
+        return time.perf_counter()
+
+    t = phase(f"loading {config.model} (offline) and building the LangChain agent")
+    policy = fb.LocalPolicy(config.model, max_batch=config.concurrency)
+    agent = build_agent(policy, config.temperature, config.max_tokens)
+    timings["load"] = time.perf_counter() - t
+
+    def evaluate(label: str, run_id: str, title: str) -> None:
+        t = phase(title)
+        passed = run_tasks(agent, held_out, fb.Recorder(store, run_id), greedy=True,
+                           concurrency=config.concurrency, desc=f"eval {label}", progress=progress,
+                           max_model_calls=config.max_model_calls)
+        results[label] = rates(held_out, passed)
+        timings[f"{label} eval"] = time.perf_counter() - t
+
+    evaluate("base", "eval-base", f"evaluating the base model on {len(held_out)} held-out tasks (greedy)")
+
+    t = phase(f"recording {len(train)} demonstrations through the same middleware (scripted expert)")
+    expert_agent = build_agent(ScriptedPolicy(expert_reply, policy.tokenizer), 0.0, config.max_tokens)
+    demo_recorder = fb.Recorder(store, "demonstrations")
+    run_tasks(expert_agent, train, demo_recorder, greedy=True, concurrency=config.concurrency,
+              desc="demonstrations", progress=progress, max_model_calls=config.max_model_calls)
+    demos = store.trajectories(run_id="demonstrations", status="complete")
+    trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
+        gamma=config.gamma, group_size=config.group_size, lr=config.rl_lr,
+        tasks_per_iteration=config.rl_tasks_per_iteration, concurrency=config.concurrency,
+        run_name="demo", out_dir=str(out), seed=config.seed, progress=progress,
+        max_seq_len=768, merge_steps=True), recorder=fb.Recorder(store, "rl"))
+    sft = supervised_finetune(trainer, demos, epochs=config.sft_epochs, lr=config.sft_lr)
+    print(f"  SFT on {sft['sft_samples']} model calls: loss {sft['sft_loss_first']:.3f} -> "
+          f"{sft['sft_loss_last']:.3f}; published {sft['adapter']} to the live agent")
+    timings["demos + SFT"] = time.perf_counter() - t
+
+    evaluate("SFT", "eval-sft", "evaluating after SFT (same agent object, now on the SFT adapter)")
+
+    t = phase(f"GRPO: {config.rl_iterations} iterations x {config.rl_tasks_per_iteration} tasks x "
+              f"{config.group_size} rollouts at T={config.temperature}, per-step gamma={config.gamma}")
+
+    def rollout(task: Task) -> float:
+        return 1.0 if attempt(agent, task, config.max_model_calls) else 0.0
+
+    trainer.train(rollout, train, iterations=trainer.iteration + config.rl_iterations)
+    timings["GRPO"] = time.perf_counter() - t
+
+    evaluate("SFT+RL", "eval-rl", "evaluating after SFT+RL")
+    trainer.close()
+
+    png = plot_run(out)
+    print_table(results, timings, held_out)
+    print(f"\nreward curve: {png}\nTensorBoard: tensorboard --logdir {out / 'tb'}\n"
+          f"adapters: {out / 'adapters'} (live: {policy.current_adapter})")
+
+    last = held_out[-1]
+    with fb.sampling(temperature=0), fb.episode(last.id, recorder=fb.Recorder(store, "final")) as ep:
+        answer = final_text(agent.invoke({"messages": [{"role": "user", "content": last.question}]}))
+    steps = [f"{c.name}({c.arguments})" for s in ep.trajectory for c in s.action.tool_calls]
+    print(f"\nthe live agent, on {policy.current_adapter}: {last.question!r}\n  tool calls: "
+          f"{' -> '.join(steps) or 'none'}\n  answer: {answer!r} "
+          f"({'correct' if check_answer(last, answer) else 'wrong'}; expected {last.answer})")
+    summary = {"results": results, "timings_s": timings, "adapter": policy.current_adapter,
+               "sft": sft, "config": asdict(config)}
+    (out / "results.json").write_text(json.dumps(summary, indent=2))
+    policy.close()
+    store.close()
+    return summary
+
+
+def print_table(results: dict[str, dict], timings: dict[str, float], held_out: list[Task]) -> None:
+    counts = {k: sum(t.kind == k for t in held_out) for k in KINDS_ORDER}
+    print(f"\nheld-out success rate, greedy ({len(held_out)} tasks)")
+    header = f"{'':<20}" + "".join(f"{name:>10}" for name in results)
+    print(header)
+    for row in ("all",) + KINDS_ORDER:
+        label = row if row == "all" else f"{row} ({counts[row]})"
+        print(f"{label:<20}" + "".join(f"{results[name].get(row, 0.0) * 100:>9.0f}%" for name in results))
+    print("\nwall time per phase")
+    for name, seconds in timings.items():
+        print(f"  {name:<14}{seconds:>8.1f} s")
+    print(f"  {'total':<14}{sum(timings.values()):>8.1f} s")

@@ -133,7 +133,7 @@ class LocalPolicy(Policy):
     def _generate(self, batch: list[_Request]) -> list[PolicyOutput]:
         import torch
 
-        from forge_bridge.sampling import sample_next
+        from forge_bridge.next_token import sample_next
 
         n, width = len(batch), max(len(r.prompt) for r in batch)
         ids = torch.full((n, width), self.pad_id, dtype=torch.long)

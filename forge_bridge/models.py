@@ -77,6 +77,7 @@ def model_path(name: str) -> Path:
     if name in EMBEDDED:
         target = cache_dir() / "models" / name
         if (target / "config.json").is_file():
+            _refresh_template(target)
             return target
         return _convert_gguf(name, EMBEDDED[name], target)
     if Path(name).is_dir() and (Path(name) / "config.json").is_file():
@@ -84,6 +85,16 @@ def model_path(name: str) -> Path:
     raise ModelNotFoundError(
         f"unknown model {name!r}: use one of {sorted(EMBEDDED)} or a local transformers "
         "directory (nothing is downloaded from a model hub)")
+
+
+def _refresh_template(target: Path) -> None:
+    """Keep a converted model's saved template in step with this release's (servers read it)."""
+    saved = target / "chat_template.jinja"
+    current = hermes_chat_template()
+    if not saved.is_file() or saved.read_text() != current:
+        tmp = target / ".chat_template.jinja.tmp"
+        tmp.write_text(current)
+        os.replace(tmp, saved)
 
 
 def _convert_gguf(name: str, spec: EmbeddedModel, target: Path) -> Path:
@@ -202,3 +213,14 @@ def tiny(arch: str = "llama", *, seed: int = 0, hidden_size: int = 64, layers: i
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.eval()
     return model, tokenizer
+
+
+def merge(name: str, adapter: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """The base model with a LoRA adapter merged into its weights, saved as a standalone model
+    directory (safetensors) that any server loads without peft."""
+    import torch
+    from peft import PeftModel
+
+    model, tokenizer = load(name, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    return save(merged, tokenizer, out)

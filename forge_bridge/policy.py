@@ -12,18 +12,37 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
+import contextvars
 import json
 import re
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from forge_bridge.types import Action, Observation, Transition
 
 DEFAULT_SLOT = "default"
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+_SAMPLING_OVERRIDE: contextvars.ContextVar[dict] = contextvars.ContextVar("forge_bridge_sampling",
+                                                                           default={})
+
+
+@contextlib.contextmanager
+def sampling(**overrides: Any) -> Iterator[None]:
+    """Override sampling settings for every model call made in this context, whatever the
+    adapter asks for: `with fb.sampling(temperature=0): agent.invoke(...)` evaluates the same
+    agent object greedily that trains at temperature 1."""
+    Sampling.from_kwargs(overrides)  # validate now, not at the first call
+    token = _SAMPLING_OVERRIDE.set({**_SAMPLING_OVERRIDE.get(), **overrides})
+    try:
+        yield
+    finally:
+        _SAMPLING_OVERRIDE.reset(token)
 
 
 class PolicyError(RuntimeError):
@@ -170,7 +189,7 @@ class Policy(abc.ABC):
              **sampling: Any) -> PolicyOutput:
         """One model call: messages (and tool schemas) in OpenAI format in, exact tokens out.
         `slot` picks whose current adapter serves it (one slot per CrewAI role, say)."""
-        params = Sampling.from_kwargs(sampling)
+        params = Sampling.from_kwargs({**sampling, **_SAMPLING_OVERRIDE.get()})
         with self._use_current(slot) as adapter:
             t0 = time.perf_counter()
             out = self._chat(messages, tools, params, adapter)
@@ -179,7 +198,7 @@ class Policy(abc.ABC):
 
     async def achat(self, messages: list[dict], tools: list[dict] | None = None, *,
                     slot: str = DEFAULT_SLOT, **sampling: Any) -> PolicyOutput:
-        params = Sampling.from_kwargs(sampling)
+        params = Sampling.from_kwargs({**sampling, **_SAMPLING_OVERRIDE.get()})
         with self._use_current(slot) as adapter:
             t0 = time.perf_counter()
             out = await self._achat(messages, tools, params, adapter)

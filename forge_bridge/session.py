@@ -186,6 +186,12 @@ class Episode:
         if self.parent is not None:
             self.parent.note_error(reason)
 
+    def truncate(self, reason: str) -> None:
+        """A limit (steps, time) cut the episode short: it ends as `truncated`, not failed, so
+        a trainer still learns from it."""
+        with self._lock:
+            self._traj.metadata["truncated"] = reason
+
     def fail(self, reason: str, **info: Any) -> Trajectory:
         """End the episode as failed, with why (a policy outage, a crash in the agent)."""
         return self.finish("failed", error=reason, **info)
@@ -203,7 +209,8 @@ class Episode:
             if status is None:
                 last = self._traj.transitions[-1] if self._traj.transitions else None
                 status = ("failed" if self._traj.metadata.get("errors") else
-                          "truncated" if last is not None and last.truncated else "complete")
+                          "truncated" if self._traj.metadata.get("truncated") or
+                          (last is not None and last.truncated) else "complete")
             self._traj.metadata.update(metadata)
             self.recorder.store.finish(self.id, status, reward=self._traj.reward,
                                        metadata=self._traj.metadata)

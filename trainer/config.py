@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 
 def _check(cond: bool, name: str, expected: str, value: object) -> None:
@@ -129,4 +129,4 @@ class PPOConfig(TrainerConfig):
         _check(_number(self.value_lr) and self.value_lr > 0, "value_lr", "a number > 0", self.value_lr)
 
 
-__all__ = ["GRPOConfig", "PPOConfig", "TrainerConfig", "field"]
+__all__ = ["GRPOConfig", "PPOConfig", "TrainerConfig"]

@@ -255,3 +255,23 @@ def test_unchanged_chatopenai_agent_is_recorded_through_the_gateway(taught_model
         assert len(traj) == 2 and all(t.has_tokens for t in traj)
         assert traj.transitions[1].observation.messages[-1]["role"] == "tool"
         assert traj.transitions[1].observation.messages[-1]["content"] == "5"
+
+
+def test_parallel_tool_calls_on_worker_threads_land_in_their_step(taught_model_dir, recorder):
+    from forge_bridge import models
+
+    tokenizer = models.load(str(taught_model_dir))[1]
+
+    def two_at_once(messages, tools):
+        if messages[-1]["role"] == "tool":
+            return "Both are done."
+        return ('<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>\n'
+                '<tool_call>\n{"name": "add", "arguments": {"a": 40, "b": 2}}\n</tool_call>')
+
+    with fb.episode("parallel", recorder=recorder) as ep:
+        result = agent_on(ScriptedPolicy(two_at_once, tokenizer)).invoke(QUESTION)
+    assert sorted(m.content for m in result["messages"] if m.type == "tool") == ["42", "5"]
+    first = recorder.store.get(ep.id).transitions[0]
+    ids = [c.id for c in first.action.tool_calls]
+    assert len(ids) == 2 and sorted(first.info["tool_results"]) == sorted(ids)
+    assert {r["content"] for r in first.info["tool_results"].values()} == {"5", "42"}

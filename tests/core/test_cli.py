@@ -39,7 +39,7 @@ def test_export_missing_store_is_a_clear_error(tmp_path, capsys):
     assert "no trajectory store" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("cmd", [[], ["demo"], ["export"], ["serve"]])
+@pytest.mark.parametrize("cmd", [[], ["demo"], ["export"], ["serve"], ["train"], ["eval"], ["merge"], ["plot"]])
 def test_help_is_available(cmd):
     proc = subprocess.run([sys.executable, "-m", "forge_bridge.cli", *cmd, "--help"],
                           capture_output=True, text=True, timeout=60)
@@ -81,3 +81,23 @@ def test_serve_starts_vllm_with_the_adapter_and_prints_its_url(taught_model_dir,
         os.kill(proc.pid, signal.SIGINT)
         rest = proc.communicate(timeout=60)[0]
     assert proc.returncode == 0 and "stopped" in rest
+
+
+def test_train_command_runs_a_users_rollout_module(taught_model_dir, tmp_path, monkeypatch):
+    import forge_bridge as fb
+
+    (tmp_path / "my_agent.py").write_text(
+        "TASKS = [{'id': 'a', 'q': 'What is 2 plus 3?'}]\n"
+        "def make_rollout(policy):\n"
+        "    def rollout(task):\n"
+        "        out = policy.chat([{'role': 'user', 'content': task['q']}], max_tokens=8)\n"
+        "        return float(len(out.completion_token_ids) % 2)\n"
+        "    return rollout\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "run"
+    assert main(["train", "--rollout", "my_agent:make_rollout", "--tasks", "my_agent:TASKS",
+                 "--model", str(taught_model_dir), "--iterations", "2", "--group-size", "2",
+                 "--out", str(out), "--run-name", "mine"]) == 0
+    assert (out / "adapters" / "mine-v2" / "adapter_model.safetensors").is_file()
+    assert main(["plot", str(out)]) == 0 and (out / "reward_curve.png").is_file()
+    assert main(["train", "--rollout", "my_agent:nope", "--tasks", "my_agent:TASKS"]) == 1

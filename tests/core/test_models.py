@@ -53,7 +53,7 @@ def test_hermes_template_renders_tools_calls_and_results():
     tok = models.tiny_tokenizer()
     text = tok.apply_chat_template(CONVERSATION + [{"role": "user", "content": "thanks"}],
                                    tools=TOOLS, tokenize=False, add_generation_prompt=True)
-    assert '\n{"name": "add", "description": "Add two numbers."' in text
+    assert "\nadd(a: number, b: number): Add two numbers.<|im_end|>" in text  # one compact line
     assert ('<|im_start|>assistant\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n'
             '</tool_call><|im_end|>\n') in text
     assert "<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n" in text
@@ -96,3 +96,16 @@ def test_missing_model_package_says_how_to_install(monkeypatch, tmp_path):
 def test_tiny_rejects_unknown_arch():
     with pytest.raises(ValueError, match="arch"):
         models.tiny("gpt2")
+
+
+def test_merged_model_gives_the_adapted_logits_without_peft(taught_model_dir, adapter_dirs, tmp_path):
+    from peft import PeftModel
+
+    out = models.merge(str(taught_model_dir), adapter_dirs["v1"], tmp_path / "merged")
+    assert not (out / "adapter_config.json").exists() and (out / "model.safetensors").is_file()
+    merged, tok = models.load(str(out))
+    base, _ = models.load(str(taught_model_dir))
+    adapted = PeftModel.from_pretrained(base, str(adapter_dirs["v1"]))
+    ids = torch.tensor([tok.apply_chat_template(CONVERSATION, tools=TOOLS)["input_ids"]])
+    with torch.no_grad():
+        assert torch.allclose(merged(ids).logits, adapted(ids).logits, atol=1e-4)

@@ -227,3 +227,14 @@ def test_killing_the_vllm_server_mid_call_is_a_clear_error_not_a_hang(taught_mod
         with pytest.raises(PolicyUnavailable):
             policy.chat(testing.ASK, **GREEDY)
         policy.close()
+
+
+def test_sampling_overrides_apply_to_every_call_in_the_context(backend):
+    import forge_bridge as fb
+
+    with fb.sampling(temperature=0, max_tokens=3):
+        out = backend.chat(testing.AFTER_TOOL, tools=[testing.ADD_TOOL], temperature=1.0, max_tokens=48)
+    assert len(out.completion_token_ids) == 3 and out.finish_reason == "length"
+    with pytest.raises(ValueError, match="temperature"):
+        with fb.sampling(temperature=-2):
+            pass

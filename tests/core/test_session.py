@@ -94,3 +94,20 @@ def test_nested_episodes_restore_the_outer_one(recorder):
         with episode("inner", recorder=recorder) as inner:
             assert current_episode() is inner
         assert current_episode() is outer
+
+
+def test_truncated_episode_ends_truncated_not_failed(recorder):
+    with episode("loop", recorder=recorder) as ep:
+        ep.record(step("a"))
+        ep.truncate("more than 4 model calls")
+    traj = recorder.store.get(ep.id)
+    assert traj.status == "truncated" and traj.metadata["truncated"] == "more than 4 model calls"
+
+
+def test_reward_given_after_an_adapter_ended_the_episode_is_kept(recorder):
+    with episode("late", recorder=recorder) as ep:
+        ep.record(step("a"))
+        ep.fail("malformed tool call", policy_fault=True)
+        ep.reward(0.0)
+    traj = recorder.store.get(ep.id)
+    assert traj.status == "failed" and traj.reward == 0.0 and traj.metadata["policy_fault"] is True

@@ -1,19 +1,33 @@
-"""`forge-bridge demo` end to end on the embedded model, as `make demo` runs it."""
+"""The demo pipeline end to end at a tiny scale (tiny model, a few tasks), as CI can afford:
+base -> demonstrations -> SFT -> GRPO -> evaluation, through a real LangChain agent."""
 
+import json
 import subprocess
 import sys
 
 from forge_bridge.store import TrajectoryStore
 
 
-def test_demo_records_a_real_model_call(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "forge_bridge.cli", "demo", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "stored trajectory" in proc.stdout
-    with TrajectoryStore(tmp_path / "trajectories.db") as store:
-        (traj,) = store.trajectories(run_id="demo")
-    step = traj.transitions[0]
-    assert step.has_tokens and len(step.completion_logprobs) == len(step.completion_token_ids)
-    assert all(lp <= 0 for lp in step.completion_logprobs)
-    assert (tmp_path / "trajectories.jsonl").read_text().count("\n") == 1
+def test_demo_pipeline_runs_end_to_end(taught_model_dir, tmp_path):
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "forge_bridge.cli", "demo", "--quick",
+                           "--model", str(taught_model_dir), "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "held-out success rate, greedy (6 tasks)" in proc.stdout
+    assert "lookup_multiply (2)" in proc.stdout and "wall time per phase" in proc.stdout
+    summary = json.loads((out / "results.json").read_text())
+    assert list(summary["results"]) == ["base", "SFT", "SFT+RL"]
+    assert summary["adapter"] == "demo-v3"  # v1 from SFT, v2-v3 from two GRPO iterations
+    assert summary["sft"]["sft_loss_last"] < summary["sft"]["sft_loss_first"]
+    assert (out / "reward_curve.png").stat().st_size > 1000
+    assert (out / "adapters" / "demo-v3" / "adapter_model.safetensors").is_file()
+    assert list((out / "tb").iterdir())
+    with TrajectoryStore(out / "trajectories.db") as store:
+        assert store.count(run_id="demonstrations", status="complete") == 12
+        assert store.count(run_id="eval-base") == store.count(run_id="eval-rl") == 6
+        rl = store.trajectories(run_id="rl")
+        assert len(rl) == 2 * 2 * 4 and {t.transitions[0].adapter for t in rl} >= {"demo-v1"}
+        (final,) = store.trajectories(run_id="final")
+        assert final.transitions[0].adapter == "demo-v3"
+    assert "the live agent, on demo-v3" in proc.stdout

@@ -61,12 +61,12 @@ def test_rl_improves_the_success_rate_and_moves_only_the_lora(algo, choice_model
         assert key in history[0], key
 
 
-def test_new_adapter_serves_the_next_call_of_running_langchain_and_crewai_agents(choice_model_dir, tmp_path):
+def test_new_adapter_serves_the_next_call_of_running_langchain_and_crewai_agents(taught_model_dir, tmp_path):
     import crew_demos
 
     from forge_bridge.adapters.crewai import ForgeLLM
 
-    policy = fb.LocalPolicy(choice_model_dir)
+    policy = fb.LocalPolicy(str(taught_model_dir))  # knows the test crew's prompts
     agent = training_task.agent_for(policy)
     crew = crew_demos.calculator_crew(ForgeLLM(policy, temperature=0, max_tokens=48))  # built before training
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(group_size=4, out_dir=str(tmp_path / "run"),

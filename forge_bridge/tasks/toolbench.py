@@ -1,0 +1,115 @@
+"""A small suite of tasks that need tools, with pass/fail answers.
+
+- `multiply`: "What is 4821 times 37?" -- one call to the calculator, then the exact product;
+- `lookup`: "What is the population of Varenna?" -- one call to a lookup over a local table;
+- `lookup_multiply`: "What is 3 times the population of Varenna?" -- look the value up, then
+  compute with it: two tool calls in sequence, where per-step credit matters.
+
+The cities are made up, so the answers cannot be recalled, only looked up. Splits are drawn
+from a fixed seed: the held-out tasks use numbers and cities the training tasks do not.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+CITIES = {
+    "Varenna": 48213, "Ostrava Nova": 91577, "Kelmor": 23904, "Brightwater": 67120,
+    "Dunmere": 15388, "Sallow": 80245, "Tarvin": 39761, "Quillon": 56032,
+    "Marrowby": 72819, "Elston": 30457, "Fenwick": 44690, "Greyhaven": 98134,
+    "Holloway": 26578, "Isenford": 61093, "Juniper Bay": 35246, "Kestrel": 77402,
+    "Lindmoor": 19865, "Northam": 52731, "Oakridge": 84310, "Pellham": 41127,
+}
+KINDS = ("multiply", "lookup", "lookup_multiply")
+KINDS_ORDER = KINDS
+
+
+@dataclass(frozen=True)
+class Task:
+    """One question with its exact answer."""
+
+    id: str
+    """Stable identifier, e.g. 'multiply-3'."""
+    kind: str
+    """One of KINDS; the demo reports each kind as its own row."""
+    question: str
+    """What the user asks the agent."""
+    answer: int
+    """The exact number a correct final answer contains."""
+
+
+def tool_schemas() -> list[dict]:
+    """The tools' OpenAI schemas (what the agent's `@tool` functions produce)."""
+    return [
+        {"type": "function", "function": {"name": "multiply", "description": "Multiply two integers.",
+                                          "parameters": {"properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                                                         "required": ["a", "b"], "type": "object"}}},
+        {"type": "function", "function": {"name": "lookup", "description": "Population of a city.",
+                                          "parameters": {"properties": {"city": {"type": "string"}},
+                                                         "required": ["city"], "type": "object"}}},
+    ]
+
+
+def _tasks(kind: str, rng: random.Random, cities: list[str], n: int, start: int) -> list[Task]:
+    out = []
+    for i in range(n):
+        if kind == "multiply":
+            a, b = rng.randint(100, 9999), rng.randint(11, 99)
+            out.append(Task(f"multiply-{start + i}", kind, f"What is {a} times {b}?", a * b))
+        elif kind == "lookup":
+            city = cities[i % len(cities)]
+            out.append(Task(f"lookup-{start + i}", kind, f"What is the population of {city}?", CITIES[city]))
+        else:
+            city, k = cities[(i * 3 + 1) % len(cities)], rng.randint(2, 9)
+            out.append(Task(f"lookup_multiply-{start + i}", kind,
+                            f"What is {k} times the population of {city}?", k * CITIES[city]))
+    return out
+
+
+def make_splits(train_per_kind: int = 24, eval_per_kind: int = 10, seed: int = 0) -> tuple[list[Task], list[Task]]:
+    """(train, held-out) task lists; held-out cities never appear in training questions."""
+    rng = random.Random(seed)
+    names = sorted(CITIES)
+    rng.shuffle(names)
+    train_cities, eval_cities = names[:14], names[14:]
+    train, held_out = [], []
+    for kind in KINDS:
+        train += _tasks(kind, rng, train_cities, train_per_kind, 0)
+        held_out += _tasks(kind, rng, eval_cities, eval_per_kind, 1000)
+    return train, held_out
+
+
+def check_answer(task: Task, final_text: str) -> bool:
+    """Pass when the final answer states the exact number (thousands separators allowed)."""
+    numbers = re.findall(r"\d[\d,]*", final_text or "")
+    return any(int(n.replace(",", "")) == task.answer for n in numbers if n.replace(",", "").isdigit())
+
+
+def _call(name: str, args: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+
+
+def expert_reply(messages: list[dict], tools: list[dict] | None) -> str:
+    """What a perfect agent says next (the scripted expert behind the demonstrations)."""
+    question = next(m["content"] for m in messages if m["role"] == "user")
+    results = [m["content"] for m in messages if m["role"] == "tool"]
+    m = re.match(r"What is (\d+) times (\d+)\?", question)
+    if m:
+        if not results:
+            return _call("multiply", f'{{"a": {m.group(1)}, "b": {m.group(2)}}}')
+        return f"The answer is {results[-1]}."
+    m = re.match(r"What is the population of (.+)\?", question)
+    if m:
+        if not results:
+            return _call("lookup", f'{{"city": "{m.group(1)}"}}')
+        return f"The answer is {results[-1]}."
+    m = re.match(r"What is (\d+) times the population of (.+)\?", question)
+    if m:
+        if not results:
+            return _call("lookup", f'{{"city": "{m.group(2)}"}}')
+        if len(results) == 1:
+            return _call("multiply", f'{{"a": {results[0]}, "b": {m.group(1)}}}')
+        return f"The answer is {results[-1]}."
+    return "I cannot answer that."

@@ -1,0 +1,43 @@
+"""The demo's task suite: exact answers, disjoint splits, and an expert that solves it all
+through the same LangChain agent the demo trains."""
+
+import re
+
+import forge_bridge as fb
+import forge_bridge.tasks
+from forge_bridge import models
+from forge_bridge.demo import build_agent, rates, run_tasks
+from forge_bridge.scripted_policy import ScriptedPolicy
+from forge_bridge.store import TrajectoryStore
+from forge_bridge.tasks import CITIES, check_answer, make_splits
+
+
+def test_splits_are_fixed_and_held_out_cities_are_unseen():
+    train, held_out = make_splits(seed=0)
+    assert (train, held_out) == make_splits(seed=0)
+    assert len(train) == 72 and len(held_out) == 30
+    city = re.compile(r"population of (.+)\?")
+    seen = {city.search(t.question).group(1) for t in train if city.search(t.question)}
+    unseen = {city.search(t.question).group(1) for t in held_out if city.search(t.question)}
+    assert seen and unseen and not seen & unseen and seen | unseen <= set(CITIES)
+    assert {t.kind for t in held_out} == {"multiply", "lookup", "lookup_multiply"}
+
+
+def test_check_answer_is_exact():
+    (task,) = [t for t in make_splits()[1] if t.kind == "multiply"][:1]
+    assert check_answer(task, f"The answer is {task.answer:,}.")
+    assert check_answer(task, f"{task.answer}")
+    assert not check_answer(task, f"The answer is {task.answer + 1}.")
+    assert not check_answer(task, "I do not know.")
+
+
+def test_the_scripted_expert_solves_every_task_through_the_agent(tmp_path):
+    tokenizer = models.tiny_tokenizer()
+    agent = build_agent(ScriptedPolicy(fb.tasks.expert_reply, tokenizer), 0.0, 64)
+    train, held_out = make_splits(train_per_kind=3, eval_per_kind=3)
+    recorder = fb.Recorder(TrajectoryStore(tmp_path / "t.db"), run_id="expert")
+    passed = run_tasks(agent, held_out, recorder, greedy=True, concurrency=4, desc="x", progress=False)
+    assert rates(held_out, passed) == {"all": 1.0, "multiply": 1.0, "lookup": 1.0, "lookup_multiply": 1.0}
+    two_step = [t for t in recorder.store.trajectories() if t.metadata["kind"] == "lookup_multiply"]
+    assert all([len(t) for t in two_step]) and all(len(t) == 3 for t in two_step)
+    assert [c.name for s in two_step[0] for c in s.action.tool_calls] == ["lookup", "multiply"]
