@@ -268,8 +268,10 @@ def test_parallel_tool_calls_on_worker_threads_land_in_their_step(taught_model_d
         return ('<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>\n'
                 '<tool_call>\n{"name": "add", "arguments": {"a": 40, "b": 2}}\n</tool_call>')
 
+    agent = create_agent(user_model(), [add], middleware=[
+        ForgeMiddleware(ScriptedPolicy(two_at_once, tokenizer), max_tokens=128)])
     with fb.episode("parallel", recorder=recorder) as ep:
-        result = agent_on(ScriptedPolicy(two_at_once, tokenizer)).invoke(QUESTION)
+        result = agent.invoke(QUESTION)
     assert sorted(m.content for m in result["messages"] if m.type == "tool") == ["42", "5"]
     first = recorder.store.get(ep.id).transitions[0]
     ids = [c.id for c in first.action.tool_calls]

@@ -1,8 +1,6 @@
 """GRPO and PPO on a real tiny model through a real LangChain agent: they learn, only the LoRA
 (and value head) moves, and each new adapter serves the live agent's next call."""
 
-import concurrent.futures
-
 import pytest
 import torch
 import training_task
@@ -18,9 +16,8 @@ def choice_model_dir(tmp_path_factory):
 
 
 def success_rate(rollout, n: int = 96) -> float:
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        rewards = list(pool.map(lambda _: rollout(training_task.TASKS[0]), range(n)))
-    return sum(rewards) / n
+    # One at a time: with the seeds fixed, the run is then the same on every machine.
+    return sum(rollout(training_task.TASKS[0]) for _ in range(n)) / n
 
 
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
@@ -30,8 +27,9 @@ def test_rl_improves_the_success_rate_and_moves_only_the_lora(algo, choice_model
     agent = training_task.agent_for(policy)  # built once; every new adapter serves it in place
     rollout = training_task.make_rollout(agent)
     before = success_rate(rollout)
-    common = dict(group_size=8, lr=3e-3, epochs=2, lora_rank=8, lora_alpha=16,
-                  out_dir=str(tmp_path / "run"), run_name=algo, progress=False, seed=0)
+    common = dict(group_size=8, lr=3e-3 if algo == "grpo" else 2e-3, epochs=2, lora_rank=8,
+                  lora_alpha=16, out_dir=str(tmp_path / "run"), run_name=algo, progress=False,
+                  seed=0, concurrency=1)
     trainer = (fb.GRPOTrainer(policy, fb.GRPOConfig(**common)) if algo == "grpo"
                else fb.PPOTrainer(policy, fb.PPOConfig(**common)))
     base_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" not in n}
