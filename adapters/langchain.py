@@ -123,7 +123,7 @@ class ForgeChatModel(BaseChatModel):
                   "seed": kwargs.get("seed", self.seed)}
         return {k: v for k, v in params.items() if v is not None}
 
-    def _call(self, messages: list[BaseMessage], stop, kwargs) -> tuple[PolicyOutput, list[dict], Any]:
+    def _call(self, messages: list[BaseMessage], stop, kwargs) -> PolicyOutput:
         oa_messages = to_openai_messages(messages)
         tools = kwargs.get("tools") or None
         episode = current_episode()
@@ -134,7 +134,7 @@ class ForgeChatModel(BaseChatModel):
                 episode.fail(f"{type(exc).__name__}: {exc}")
             raise
         _record(episode, out, oa_messages, tools)
-        return out, oa_messages, tools
+        return out
 
     async def _acall(self, messages: list[BaseMessage], stop, kwargs) -> PolicyOutput:
         oa_messages = to_openai_messages(messages)
@@ -151,7 +151,7 @@ class ForgeChatModel(BaseChatModel):
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
-        out, _, _ = self._call(messages, stop, kwargs)
+        out = self._call(messages, stop, kwargs)
         return ChatResult(generations=[ChatGeneration(message=to_ai_message(out))])
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
@@ -165,7 +165,7 @@ class ForgeChatModel(BaseChatModel):
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None,
                 **kwargs: Any) -> Iterator[ChatGenerationChunk]:
-        out, _, _ = self._call(messages, stop, kwargs)
+        out = self._call(messages, stop, kwargs)
         chunk = ChatGenerationChunk(message=to_ai_message(out, chunk=True))
         if run_manager:
             run_manager.on_llm_new_token(out.text, chunk=chunk)
