@@ -12,6 +12,7 @@ same compiled agent serves the second one; the agent is never rebuilt.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any, AsyncIterator, Callable, Iterator, Sequence
@@ -82,6 +83,17 @@ def _record(episode: Episode | None, out: PolicyOutput, messages: list[dict],
         episode.fail("malformed tool call: " + out.action.parse_errors[0]["error"], policy_fault=True)
 
 
+@contextlib.contextmanager
+def _fail_episode_on_policy_error(episode: Episode | None) -> Iterator[None]:
+    """A model call that fails ends the episode as failed, with the reason, and still raises."""
+    try:
+        yield
+    except PolicyError as exc:
+        if episode is not None:
+            episode.fail(f"{type(exc).__name__}: {exc}")
+        raise
+
+
 # --------------------------------------------------------------------------- the chat model
 class ForgeChatModel(BaseChatModel):
     """A LangChain chat model backed by a forge-bridge policy (records inside an episode)."""
@@ -123,29 +135,20 @@ class ForgeChatModel(BaseChatModel):
                   "seed": kwargs.get("seed", self.seed)}
         return {k: v for k, v in params.items() if v is not None}
 
+    def _prepare(self, messages: list[BaseMessage], kwargs: dict) -> tuple[list[dict], Any, Episode | None]:
+        return to_openai_messages(messages), kwargs.get("tools") or None, current_episode()
+
     def _call(self, messages: list[BaseMessage], stop, kwargs) -> PolicyOutput:
-        oa_messages = to_openai_messages(messages)
-        tools = kwargs.get("tools") or None
-        episode = current_episode()
-        try:
+        oa_messages, tools, episode = self._prepare(messages, kwargs)
+        with _fail_episode_on_policy_error(episode):
             out = self.policy.chat(oa_messages, tools, **self._sampling(stop, kwargs))
-        except PolicyError as exc:
-            if episode is not None:
-                episode.fail(f"{type(exc).__name__}: {exc}")
-            raise
         _record(episode, out, oa_messages, tools)
         return out
 
     async def _acall(self, messages: list[BaseMessage], stop, kwargs) -> PolicyOutput:
-        oa_messages = to_openai_messages(messages)
-        tools = kwargs.get("tools") or None
-        episode = current_episode()
-        try:
+        oa_messages, tools, episode = self._prepare(messages, kwargs)
+        with _fail_episode_on_policy_error(episode):
             out = await self.policy.achat(oa_messages, tools, **self._sampling(stop, kwargs))
-        except PolicyError as exc:
-            if episode is not None:
-                episode.fail(f"{type(exc).__name__}: {exc}")
-            raise
         _record(episode, out, oa_messages, tools)
         return out
 
