@@ -16,6 +16,8 @@ def test_import_loads_no_heavy_framework(tmp_path):
     proc = _run("""
         import sys
         import forge_bridge, forge_bridge.store, forge_bridge.env, forge_bridge.types, forge_bridge.models
+        import forge_bridge.harness, forge_bridge.tool_env, forge_bridge.terminal_env, forge_bridge.http_env
+        import forge_bridge.agent_env, forge_bridge.confined
         heavy = sorted(m for m in sys.modules
                        if m.split('.')[0] in {'torch', 'langchain', 'langchain_core', 'langgraph',
                                               'crewai', 'transformers', 'peft'})
