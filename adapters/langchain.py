@@ -189,13 +189,26 @@ class ForgeMiddleware(AgentMiddleware):
     """`create_agent(model, tools, middleware=[ForgeMiddleware(policy)])`: route and record."""
 
     def __init__(self, policy: Policy, *, temperature: float | None = None,
-                 max_tokens: int | None = None, handle_tool_errors: bool = True) -> None:
+                 max_tokens: int | None = None, handle_tool_errors: bool = True,
+                 max_model_calls: int | None = None, tool_timeout_s: float | None = None,
+                 max_tool_output_chars: int | None = 16000) -> None:
+        """`max_model_calls` ends an episode's tool loop after that many calls (recorded as
+        truncated); `tool_timeout_s` turns a hanging tool into an error the model sees;
+        `max_tool_output_chars` cuts huge tool results before they reach the model."""
         super().__init__()
         if not isinstance(policy, Policy):
             raise TypeError(f"ForgeMiddleware(policy): expected a forge_bridge Policy "
                             f"(LocalPolicy, VLLMPolicy), got {type(policy).__name__}")
+        for name, value in (("max_model_calls", max_model_calls), ("max_tool_output_chars", max_tool_output_chars)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"ForgeMiddleware({name}): expected an int >= 1 or None, got {value!r}")
+        if tool_timeout_s is not None and (isinstance(tool_timeout_s, bool) or not isinstance(
+                tool_timeout_s, (int, float)) or tool_timeout_s <= 0):
+            raise ValueError(f"ForgeMiddleware(tool_timeout_s): expected a number > 0 or None, got {tool_timeout_s!r}")
         self.policy = policy
         self.handle_tool_errors = handle_tool_errors
+        self.max_model_calls, self.tool_timeout_s = max_model_calls, tool_timeout_s
+        self.max_tool_output_chars = max_tool_output_chars
         self.model = ForgeChatModel(policy, temperature=temperature, max_tokens=max_tokens)
 
     @property
@@ -204,42 +217,65 @@ class ForgeMiddleware(AgentMiddleware):
 
     # model calls: the request's model is replaced for this call only
     def wrap_model_call(self, request: Any, handler: Callable) -> Any:
-        return handler(request.override(model=self.model))
+        return self._step_limit() or handler(request.override(model=self.model))
 
     async def awrap_model_call(self, request: Any, handler: Callable) -> Any:
-        return await handler(request.override(model=self.model))
+        return self._step_limit() or await handler(request.override(model=self.model))
+
+    def _step_limit(self) -> AIMessage | None:
+        """Past `max_model_calls` in this episode: end the agent's loop (an answer with no tool
+        call) and mark the episode truncated, instead of LangGraph's recursion error."""
+        episode = current_episode()
+        if self.max_model_calls is None or episode is None or len(episode.trajectory) < self.max_model_calls:
+            return None
+        episode.truncate(f"more than {self.max_model_calls} model calls")
+        return AIMessage(content="", response_metadata={"forge_bridge": "step limit"})
 
     # tool calls: timed, errors turned into error ToolMessages, recorded into their step
     def wrap_tool_call(self, request: Any, handler: Callable) -> Any:
+        from forge_bridge.timeouts import call_with_timeout
+
         episode, t0 = current_episode(), time.perf_counter()
         try:
-            result = handler(request)
+            result = call_with_timeout(handler, self.tool_timeout_s, request)
         except Exception as exc:
             return self._tool_failed(episode, request, exc, t0)
-        self._tool_done(episode, request, result, t0)
-        return result
+        return self._tool_done(episode, request, result, t0)
 
     async def awrap_tool_call(self, request: Any, handler: Callable) -> Any:
+        import asyncio
+
         episode, t0 = current_episode(), time.perf_counter()
         try:
-            result = await handler(request)
+            result = await asyncio.wait_for(handler(request), self.tool_timeout_s)
+        except asyncio.TimeoutError:
+            exc = TimeoutError(f"no answer within {self.tool_timeout_s} s")
+            return self._tool_failed(episode, request, exc, t0)
         except Exception as exc:
             return self._tool_failed(episode, request, exc, t0)
-        self._tool_done(episode, request, result, t0)
-        return result
+        return self._tool_done(episode, request, result, t0)
 
-    def _tool_done(self, episode: Episode | None, request: Any, result: Any, t0: float) -> None:
-        if episode is None or episode.finished:
-            return
+    def _tool_done(self, episode: Episode | None, request: Any, result: Any, t0: float) -> Any:
+        """Record the result; huge text is cut in what the model sees and in the record alike.
+        Returns what the agent gets."""
         call = request.tool_call
+        record: dict = {}
         if isinstance(result, ToolMessage):
-            record = {"content": result.text if hasattr(result, "text") else str(result.content),
-                      "status": result.status}
+            content = result.content  # LangChain already made text of bytes (an escaped literal)
+            if isinstance(content, str) and self.max_tool_output_chars and len(content) > self.max_tool_output_chars:
+                record["content_chars"] = len(content)
+                content = (content[:self.max_tool_output_chars] +
+                           f"\n[... {len(content) - self.max_tool_output_chars} more characters cut]")
+            if content is not result.content:
+                result = result.model_copy(update={"content": content})
+            text = result.text if hasattr(result, "text") else str(result.content)
+            record.update(content=text, status=result.status, error=text if result.status == "error" else None)
         else:  # a Command or another object: keep its shape for the trainer to inspect
-            record = {"content": repr(result)[:2000], "status": "success"}
-        episode.add_tool_result(call["id"], {"name": call["name"], "args": call.get("args"),
-                                             **record, "error": None,
-                                             "latency_s": round(time.perf_counter() - t0, 4)})
+            record.update(content=repr(result)[:2000], status="success", error=None)
+        if episode is not None and not episode.finished:
+            episode.add_tool_result(call["id"], {"name": call["name"], "args": call.get("args"), **record,
+                                                 "latency_s": round(time.perf_counter() - t0, 4)})
+        return result
 
     def _tool_failed(self, episode: Episode | None, request: Any, exc: Exception, t0: float) -> Any:
         call = request.tool_call

@@ -18,7 +18,7 @@ import contextlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,22 @@ class DemoConfig:
     """Per-step discount."""
     concurrency: int = 16
     """Agents run at once (their model calls are batched together)."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "str" and not (isinstance(value, str) and value):
+                raise ValueError(f"DemoConfig.{f.name}: expected a non-empty string, got {value!r}")
+            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)
+                                    or value < (0 if f.name in ("seed", "rl_iterations") else 1)):
+                raise ValueError(f"DemoConfig.{f.name}: expected an int >= "
+                                 f"{0 if f.name in ('seed', 'rl_iterations') else 1}, got {value!r}")
+            if f.type == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or value < 0 or (value == 0 and f.name.endswith("lr"))):
+                raise ValueError(f"DemoConfig.{f.name}: expected a number {'> 0' if f.name.endswith('lr') else '>= 0'}, "
+                                 f"got {value!r}")
+        if self.gamma > 1:
+            raise ValueError(f"DemoConfig.gamma: expected a number in [0, 1], got {self.gamma!r}")
 
 
 def build_agent(policy: Any, temperature: float, max_tokens: int) -> Any:

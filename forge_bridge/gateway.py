@@ -4,7 +4,8 @@ For agents whose code cannot change: point their `base_url` (or `OPENAI_BASE_URL
 gateway. The episode a call belongs to is named by the URL (`/episodes/<id>/v1/...`) or the
 `X-Forge-Episode` header; a call that names none is recorded as a one-step episode of its own,
 so nothing is dropped. The request's `model`, when it names a policy slot, picks that slot's
-adapter (otherwise the default slot serves). `POST /episodes/<id>/finish` with `{"reward": r}` closes an episode.
+adapter (otherwise the default slot serves). `POST /episodes/<id>/finish` with `{"reward": r}` closes an episode
+(`{"error": "why"}` ends it as failed, for an agent that crashed).
 
 Responses carry vLLM's extra fields (`prompt_token_ids`, per-choice `token_ids`, per-token
 logprobs), so a client that keeps them sees the exact tokens. Binds 127.0.0.1 unless told
@@ -19,6 +20,7 @@ import re
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -29,6 +31,7 @@ from forge_bridge.types import SchemaError
 
 _EPISODE_PATH = re.compile(r"^/episodes/([A-Za-z0-9._-]{1,128})(/.*)$")
 MAX_BODY = 16 * 1024 * 1024
+MAX_ENDED_IDS = 100_000  # ended episode ids remembered (late calls to them get 409)
 
 
 class Gateway:
@@ -41,6 +44,9 @@ class Gateway:
         self.token = token
         self.model_name = model_name
         self._episodes: dict[str, Episode] = {}
+        # ids of ended episodes -> status: late calls get 409, and the Episode objects (with all
+        # their steps) are released, so a long-running gateway does not grow with every episode
+        self._ended: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, port), self._handler_class())
         self._server.daemon_threads = True
@@ -79,6 +85,9 @@ class Gateway:
                 group_id: str | None = None) -> Episode:
         """The open episode with this id, created on first use."""
         with self._lock:
+            if episode_id in self._ended:
+                raise EpisodeClosed(f"episode {episode_id} is finished ({self._ended[episode_id]}); "
+                                    "open a new episode to record more steps")
             ep = self._episodes.get(episode_id)
             if ep is None:
                 ep = self.recorder.episode(task_id, group_id, episode_id=episode_id,
@@ -86,15 +95,27 @@ class Gateway:
                 self._episodes[episode_id] = ep
             return ep
 
-    def finish(self, episode_id: str, reward: float | None, status: str | None) -> dict:
+    def finish(self, episode_id: str, reward: float | None, status: str | None,
+               error: str | None = None) -> dict:
+        """End an episode: with a reward, a status, or (the agent crashed) an error reason."""
         with self._lock:
             ep = self._episodes.get(episode_id)
+            if ep is None and episode_id in self._ended:
+                raise EpisodeClosed(f"episode {episode_id} already ended ({self._ended[episode_id]})")
         if ep is None:
             raise KeyError(episode_id)
         if reward is not None:
             ep.reward(reward)
-        traj = ep.finish(status)
+        traj = ep.fail(str(error)) if error else ep.finish(status)
+        self._retire(episode_id, ep)
         return {"id": traj.id, "status": traj.status, "reward": traj.reward, "steps": len(traj)}
+
+    def _retire(self, episode_id: str, ep: Episode) -> None:
+        with self._lock:
+            self._episodes.pop(episode_id, None)
+            self._ended[episode_id] = ep.trajectory.status
+            while len(self._ended) > MAX_ENDED_IDS:
+                self._ended.popitem(last=False)
 
     # ------------------------------------------------------------------ the call
     def complete(self, body: dict, episode_id: str | None, headers: Any) -> tuple[dict, PolicyOutput]:
@@ -114,8 +135,14 @@ class Gateway:
             out = self.policy.chat(messages, tools, slot=slot, **sampling)
         except (PolicyError, ValueError, TypeError) as exc:
             ep.fail(f"{type(exc).__name__}: {exc}", messages=len(messages or []))
+            if episode_id is not None:
+                self._retire(episode_id, ep)
             raise
         ep.record(out.to_transition(messages, tools, source="gateway"))
+        if out.action.parse_errors and not out.action.tool_calls:  # as the adapters do: the
+            ep.fail("malformed tool call: " + out.action.parse_errors[0]["error"], policy_fault=True)
+            if episode_id is not None:  # policy's own fault, kept and trained on with reward 0
+                self._retire(episode_id, ep)
         if episode_id is None:
             ep.finish()
         return self._completion(body, out), out
@@ -220,9 +247,11 @@ class Gateway:
                 if path == "/finish" and episode_id:
                     try:
                         return self._send(200, gateway.finish(episode_id, body.get("reward"),
-                                                              body.get("status")))
+                                                              body.get("status"), body.get("error")))
                     except KeyError:
                         return self._error(404, f"no open episode {episode_id}")
+                    except EpisodeClosed as exc:
+                        return self._error(409, str(exc))
                     except (ValueError, SchemaError) as exc:
                         return self._error(400, str(exc))
                 if path != "/v1/chat/completions":

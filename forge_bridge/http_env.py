@@ -80,7 +80,7 @@ class HTTPToolEnvironment(ToolEnvironment):
         self.base_url = str(base_url).rstrip("/")
         self.timeout_s = timeout_s
         self._client = httpx.Client(timeout=timeout_s, trust_env=False)
-        super().__init__(max_observation_chars)
+        super().__init__(max_observation_chars, tool_timeout_s=timeout_s + 30)
 
     def tool_functions(self) -> dict[str, tuple[dict, Callable[..., Any]]]:
         return {name: (tool.schema(), lambda _tool=tool, **args: self.request(_tool, args))

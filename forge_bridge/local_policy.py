@@ -42,8 +42,8 @@ class LocalPolicy(Policy):
 
     def __init__(self, model: Any = "smollm2-135m-instruct", tokenizer: Any = None, *,
                  dtype: str = "auto", max_batch: int = 8, batch_wait_s: float = 0.01,
-                 keep_versions: int = 3) -> None:
-        super().__init__(keep_versions=keep_versions)
+                 keep_versions: int = 3, adapter_roots: Any = None) -> None:
+        super().__init__(keep_versions=keep_versions, adapter_roots=adapter_roots)
         import torch
 
         from forge_bridge import models

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from forge_bridge.types import Action, Observation, Transition
 
@@ -173,10 +173,13 @@ def check_adapter_dir(path: str | Path) -> Path:
 class Policy(abc.ABC):
     """Where every model call of a wrapped agent goes."""
 
-    def __init__(self, keep_versions: int = 3) -> None:
+    def __init__(self, keep_versions: int = 3, adapter_roots: Sequence[str | Path] | None = None) -> None:
+        """`adapter_roots`: folders adapters may be loaded from (None: anywhere); a path outside
+        them, symlinks resolved, is refused before any file is read."""
         if keep_versions < 1:
             raise ValueError(f"keep_versions: expected >= 1, got {keep_versions}")
         self.keep_versions = keep_versions
+        self.adapter_roots = None if adapter_roots is None else [Path(r).resolve() for r in adapter_roots]
         # slot -> published versions still kept, oldest first; None = the base model
         self._slots: dict[str, list[str | None]] = {DEFAULT_SLOT: [None]}
         self._published: set[str] = set()  # every version name ever used (names are immutable)
@@ -256,13 +259,21 @@ class Policy(abc.ABC):
 
         return _Use()
 
+    def _allowed(self, path: str | Path) -> Path:
+        resolved = Path(path).resolve()
+        if self.adapter_roots is not None and not any(
+                resolved == root or root in resolved.parents for root in self.adapter_roots):
+            raise AdapterError(f"adapter {path}: outside the allowed folders "
+                               f"({', '.join(map(str, self.adapter_roots))}); refused")
+        return resolved
+
     def load_adapter(self, path: str | Path, version: str, *, slot: str = DEFAULT_SLOT) -> str:
         """Load a LoRA adapter as `version` and make it current in `slot` (see the module
         docstring)."""
         if not isinstance(version, str) or not _VERSION.match(version):
             raise AdapterError(f"version: expected a name like 'run-v3' (letters, digits, . _ -), "
                                f"got {version!r}")
-        path = check_adapter_dir(path)
+        path = check_adapter_dir(self._allowed(path))
         with self._swap_lock:
             if version in self._published:
                 raise AdapterError(f"version {version!r} was already published; use a new version "

@@ -86,7 +86,8 @@ class TrajectoryStore:
                         results.append(self._db.execute(sql, args).fetchone())
                     self._db.execute("COMMIT")
                 except BaseException:
-                    self._db.execute("ROLLBACK")
+                    if self._db.in_transaction:  # SQLite may have rolled back already (disk full)
+                        self._db.execute("ROLLBACK")
                     raise
             except sqlite3.Error as exc:
                 raise StoreError(f"{what} failed in {self.path}: {exc}; nothing already stored "

@@ -35,7 +35,7 @@ class TerminalEnvironment(ToolEnvironment):
         self.limits, self.shell, self.root, self.keep_workdir = limits, shell, root, keep_workdir
         self.workdir: Path | None = None
         self.commands: list[dict] = []
-        super().__init__(max_observation_chars)
+        super().__init__(max_observation_chars, tool_timeout_s=limits.timeout_s + 30)
 
     def tool_functions(self) -> dict[str, tuple[dict, Callable[..., Any]]]:
         how = "a shell line (sh -c)" if self.shell else "one command and its arguments (no shell: no pipes or redirection)"

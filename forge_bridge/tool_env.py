@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from forge_bridge.env import Environment, StepResult
+from forge_bridge.timeouts import call_with_timeout
 from forge_bridge.types import Action, ToolCall
 
 _JSON_TYPES = {"integer": int, "number": (int, float), "string": str, "boolean": bool,
@@ -109,10 +110,15 @@ def as_text(value: Any) -> str:
 class ToolEnvironment(Environment):
     """Base of the tool environments: subclasses provide `tool_functions()` and episode setup."""
 
-    def __init__(self, max_observation_chars: int = 8000) -> None:
+    def __init__(self, max_observation_chars: int = 8000, tool_timeout_s: float | None = 60.0) -> None:
+        """`tool_timeout_s`: a tool call still running after this long is abandoned and the
+        model observes a timeout error (None: wait for ever)."""
         if not isinstance(max_observation_chars, int) or max_observation_chars < 100:
             raise ValueError(f"max_observation_chars: expected an int >= 100, got {max_observation_chars!r}")
-        self.max_observation_chars = max_observation_chars
+        if tool_timeout_s is not None and (isinstance(tool_timeout_s, bool) or not isinstance(
+                tool_timeout_s, (int, float)) or tool_timeout_s <= 0):
+            raise ValueError(f"tool_timeout_s: expected a number > 0 or None, got {tool_timeout_s!r}")
+        self.max_observation_chars, self.tool_timeout_s = max_observation_chars, tool_timeout_s
         self.task: ToolTask | None = None
         self.done = False
         self._functions = self.tool_functions()
@@ -155,7 +161,10 @@ class ToolEnvironment(Environment):
             if call.name not in self._functions:
                 raise ToolError(f"unknown tool {call.name!r} (tools: {', '.join(self._functions)})")
             schema, fn = self._functions[call.name]
-            value = fn(**parse_arguments(call, schema))
+            try:
+                value = call_with_timeout(fn, self.tool_timeout_s, **parse_arguments(call, schema))
+            except TimeoutError as exc:
+                raise ToolError(f"{call.name}: {exc}", timed_out=True) from None
             if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict):
                 value, extra = value  # a tool may report details (exit code, sizes) for the record
             content = as_text(value)

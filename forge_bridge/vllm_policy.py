@@ -45,8 +45,8 @@ class VLLMPolicy(Policy):
 
     def __init__(self, base_url: str, model: str = "base", *, api_key: str | None = None,
                  timeout_s: float = 120.0, retries: int = 3, backoff_s: float = 0.5,
-                 keep_versions: int = 3) -> None:
-        super().__init__(keep_versions=keep_versions)
+                 keep_versions: int = 3, adapter_roots: Any = None) -> None:
+        super().__init__(keep_versions=keep_versions, adapter_roots=adapter_roots)
         import httpx
 
         self.base_url = base_url.rstrip("/")

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from forge_bridge.policy import Policy
+from forge_bridge.policy import Policy, PolicyError
 from forge_bridge.session import Recorder, episode
 from forge_bridge.trainer import checkpoint
 from forge_bridge.trainer.advantages import discounted_returns, step_rewards
@@ -40,6 +40,10 @@ def task_id_of(task: Any, index: int) -> str:
     if hasattr(task, "id"):
         return str(task.id)
     return f"task-{index}"
+
+
+class RewardError(ValueError):
+    """The rollout (reward) function is broken: it raised on every task or gave no number."""
 
 
 def check_reward(value: Any) -> float:
@@ -144,18 +148,35 @@ class Trainer:
         jobs = [(tid, task, f"{self.config.run_name}-it{it + 1}-{tid}")
                 for tid, task in tasks for _ in range(self.config.group_size)]
 
+        bad_rewards: list[str] = []  # the reward function's bugs: always reported
+        crashes: list[str] = []  # the agent crashed on a task: skipped, unless every rollout did
+
         def one(tid: str, task: Any, group: str) -> None:
             try:
                 with episode(tid, group, recorder=self.recorder, metadata={"iteration": it + 1}) as ep:
-                    ep.reward(check_reward(rollout(task)))
-            except Exception:  # the episode is recorded as failed, with the reason; counted below
+                    value = rollout(task)
+                    try:
+                        ep.reward(check_reward(value))
+                    except ValueError as exc:
+                        raise RewardError(f"task {tid!r}: {exc}") from None
+            except RewardError as exc:  # recorded as failed (above); reported after the iteration
+                bad_rewards.append(str(exc))
+            except PolicyError:  # an outage: recorded as failed with the reason, skipped below
                 pass
+            except Exception as exc:
+                crashes.append(f"task {tid!r}: the rollout raised {type(exc).__name__}: {exc}")
 
         with ThreadPoolExecutor(self.config.concurrency) as pool:
             futures = [pool.submit(one, *job) for job in jobs]
             for f in tqdm(as_completed(futures), total=len(futures), desc=f"rollouts {it + 1}",
                           leave=False, disable=not self.config.progress):
                 f.result()
+        if bad_rewards:
+            raise RewardError(f"iteration {it + 1}: {bad_rewards[0]} ({len(bad_rewards)} rollout(s) "
+                              "affected; their trajectories are stored as failed, nothing was trained)")
+        if len(crashes) == len(jobs):
+            raise RewardError(f"iteration {it + 1}: every rollout raised, e.g. {crashes[0]} "
+                              "(trajectories stored as failed, nothing was trained)")
         groups: dict[tuple, list[Trajectory]] = {}
         skipped = {"failed": 0, "incomplete": 0}
         reasons: list[str] = []

@@ -57,6 +57,8 @@ def save_adapter(model: Any, path: str | Path) -> Path:
     renamed into place, so a reader never sees half an adapter."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}-*"):  # left by a process killed mid-write
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)

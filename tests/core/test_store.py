@@ -1,10 +1,4 @@
 import json
-import os
-import signal
-import subprocess
-import sys
-import textwrap
-import threading
 
 import pytest
 
@@ -56,68 +50,6 @@ def test_queries_filter_by_run_task_group_status_adapter(store):
     assert store.count(run_id="r0", status="complete") == 2
     groups = {g.group_id: g for g in store.groups()}
     assert sorted(groups) == ["g0", "g1", "g2"] and groups["g0"].rewards == [0.0, 3.0]
-
-
-def test_killed_writer_leaves_every_committed_step_and_an_incomplete_trajectory(tmp_path):
-    db = tmp_path / "kill.db"
-    writer = textwrap.dedent(f"""
-        import sys
-        from forge_bridge.store import TrajectoryStore
-        from forge_bridge.types import Action, Observation, Trajectory, Transition
-        store = TrajectoryStore({str(db)!r})
-        traj = Trajectory(id="victim", task_id="t")
-        store.begin(traj)
-        i = 0
-        while True:
-            t = Transition(observation=Observation(messages=[{{"role": "user", "content": "x" * 2000}}]),
-                           action=Action(content=str(i)), prompt_token_ids=list(range(500)),
-                           completion_token_ids=[i], completion_logprobs=[-1.0])
-            store.append("victim", t)
-            print(i, flush=True)
-            i += 1
-    """)
-    proc = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, text=True)
-    acknowledged = -1
-    while acknowledged < 200:  # kill while it is writing as fast as it can
-        acknowledged = int(proc.stdout.readline())
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    with TrajectoryStore(db) as store:
-        traj = store.get("victim")
-        assert traj.status == "incomplete"
-        assert len(traj) >= acknowledged + 1  # nothing acknowledged was lost
-        assert [t.completion_token_ids[0] for t in traj] == list(range(len(traj)))  # no gap, no torn row
-        assert all(len(t.prompt_token_ids) == 500 for t in traj)
-
-
-def test_sixteen_threads_fifty_episodes_each_lose_nothing(store):
-    errors = []
-
-    def worker(w: int) -> None:
-        try:
-            for e in range(50):
-                traj = Trajectory(run_id="conc", task_id=f"w{w}", group_id=f"w{w}-e{e}")
-                store.begin(traj)
-                for i in range(3):
-                    store.append(traj.id, step(w * 1000 + e * 10 + i))
-                store.finish(traj.id, "complete", reward=float(e))
-        except Exception as exc:  # surfaced below: a thread's exception would vanish otherwise
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(w,)) for w in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
-    trajs = store.trajectories(run_id="conc")
-    assert len(trajs) == 800
-    assert all(t.status == "complete" and len(t) == 3 for t in trajs)
-    # Steps stayed in their own episode and in order.
-    for t in trajs:
-        w, e = t.task_id[1:], t.group_id.split("-e")[1]
-        expected = [int(w) * 1000 + int(e) * 10 + i for i in range(3)]
-        assert [s.prompt_token_ids[2] for s in t] == expected
 
 
 def test_export_jsonl_and_parquet(store, tmp_path):
