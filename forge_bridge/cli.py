@@ -15,7 +15,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     config = demo.DemoConfig(model=args.model, out_dir=args.out, seed=args.seed)
     if args.quick:  # a minute-long smoke run of the whole pipeline
         config = replace(config, train_per_kind=4, eval_per_kind=2, sft_epochs=1, rl_iterations=2,
-                         rl_tasks_per_iteration=2, group_size=4)
+                         rl_tasks_per_kind=(1, 1, 1), group_size=4)
     if args.rl_iterations is not None:
         config = replace(config, rl_iterations=args.rl_iterations)
     demo.run(config)
@@ -161,11 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "started with SFT on scripted demonstrations, trained with multi-"
                                    "turn GRPO while it keeps running, and evaluated again. Prints "
                                    "the held-out success table and writes the run folder.")
+    from forge_bridge.demo import DemoConfig
+
     p.add_argument("--out", default="runs/demo", help="run folder (default: runs/demo)")
     p.add_argument("--model", default="smollm2-135m-instruct",
                    help="embedded model name or a model directory (default: smollm2-135m-instruct)")
     p.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
-    p.add_argument("--rl-iterations", type=int, help="GRPO iterations (default: 16)")
+    p.add_argument("--rl-iterations", type=int,
+                   help=f"GRPO iterations (default: {DemoConfig.rl_iterations})")
     p.add_argument("--quick", action="store_true", help="tiny scale: checks the pipeline in a minute")
     p.set_defaults(func=_cmd_demo)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
@@ -45,8 +46,9 @@ class DemoConfig:
     """SFT learning rate."""
     rl_iterations: int = 12
     """GRPO iterations."""
-    rl_tasks_per_iteration: int = 4
-    """Tasks per GRPO iteration."""
+    rl_tasks_per_kind: tuple[int, ...] = (1, 1, 2)
+    """Tasks of each kind (multiply, lookup, lookup_multiply) in every GRPO iteration: every kind
+    gets its signal each time, the two-step kind (the hard one) twice."""
     group_size: int = 8
     """Rollouts per task (GRPO group)."""
     rl_lr: float = 5e-5
@@ -75,6 +77,11 @@ class DemoConfig:
                                       or value < 0 or (value == 0 and f.name.endswith("lr"))):
                 raise ValueError(f"DemoConfig.{f.name}: expected a number {'> 0' if f.name.endswith('lr') else '>= 0'}, "
                                  f"got {value!r}")
+        if (not isinstance(self.rl_tasks_per_kind, tuple) or len(self.rl_tasks_per_kind) != len(KINDS_ORDER)
+                or not all(isinstance(n, int) and n >= 0 for n in self.rl_tasks_per_kind)
+                or sum(self.rl_tasks_per_kind) == 0):
+            raise ValueError(f"DemoConfig.rl_tasks_per_kind: expected {len(KINDS_ORDER)} counts >= 0 "
+                             f"(one per kind: {', '.join(KINDS_ORDER)}), got {self.rl_tasks_per_kind!r}")
         if self.gamma > 1:
             raise ValueError(f"DemoConfig.gamma: expected a number in [0, 1], got {self.gamma!r}")
 
@@ -204,7 +211,7 @@ def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
     demos = store.trajectories(run_id="demonstrations", status="complete")
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
         gamma=config.gamma, group_size=config.group_size, lr=config.rl_lr,
-        tasks_per_iteration=config.rl_tasks_per_iteration, concurrency=config.concurrency,
+        concurrency=config.concurrency,
         run_name="demo", out_dir=str(out), seed=config.seed, progress=progress,
         max_seq_len=768, merge_steps=True), recorder=fb.Recorder(store, "rl"))
     sft = supervised_finetune(trainer, demos, epochs=config.sft_epochs, lr=config.sft_lr)
@@ -214,13 +221,19 @@ def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
 
     evaluate("SFT", "eval-sft", "evaluating after SFT (same agent object, now on the SFT adapter)")
 
-    t = phase(f"GRPO: {config.rl_iterations} iterations x {config.rl_tasks_per_iteration} tasks x "
+    t = phase(f"GRPO: {config.rl_iterations} iterations x {sum(config.rl_tasks_per_kind)} tasks x "
               f"{config.group_size} rollouts at T={config.temperature}, per-step gamma={config.gamma}")
 
     def rollout(task: Task) -> float:
         return 1.0 if attempt(agent, task, config.max_model_calls) else 0.0
 
-    trainer.train(rollout, train, iterations=trainer.iteration + config.rl_iterations)
+    by_kind = {kind: [t for t in train if t.kind == kind] for kind in KINDS_ORDER}
+
+    def schedule(it: int) -> list[Task]:  # the same number of tasks of each kind, drawn anew
+        rng = random.Random(config.seed * 100_003 + it)
+        return [t for kind, n in zip(KINDS_ORDER, config.rl_tasks_per_kind) for t in rng.sample(by_kind[kind], n)]
+
+    trainer.train(rollout, schedule, iterations=trainer.iteration + config.rl_iterations)
     timings["GRPO"] = time.perf_counter() - t
 
     evaluate("SFT+RL", "eval-rl", "evaluating after SFT+RL")

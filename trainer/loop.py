@@ -99,16 +99,21 @@ class Trainer:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ the loop
-    def train(self, rollout: Rollout, tasks: Sequence[Any], iterations: int, *,
-              resume: bool = False) -> list[dict]:
-        """Run iterations until `iterations` in all have been done (counting resumed ones)."""
+    def train(self, rollout: Rollout, tasks: Sequence[Any] | Callable[[int], Sequence[Any]],
+              iterations: int, *, resume: bool = False) -> list[dict]:
+        """Run iterations until `iterations` in all have been done (counting resumed ones).
+
+        `tasks`: the training tasks (`tasks_per_iteration` of them are drawn each iteration), or
+        a schedule `iteration -> tasks` that picks each iteration's tasks itself (a curriculum,
+        or one task of each kind so no kind is starved)."""
         from tqdm.auto import tqdm
 
         if not callable(rollout):
             raise TypeError(f"rollout: expected a function task -> reward, got {type(rollout).__name__}")
-        tasks = list(tasks)
-        if not tasks:
-            raise ValueError("tasks: expected at least one task")
+        if not callable(tasks):
+            tasks = list(tasks)
+            if not tasks:
+                raise ValueError("tasks: expected at least one task")
         if resume:
             self.resume()
         bar = tqdm(range(self.iteration, iterations), desc="training", unit="it",
@@ -133,7 +138,12 @@ class Trainer:
                             success=f"{metrics['success_rate']:.2f}")
         return self.history
 
-    def _tasks_for(self, it: int, tasks: list) -> list[tuple[str, Any]]:
+    def _tasks_for(self, it: int, tasks: list | Callable[[int], Sequence[Any]]) -> list[tuple[str, Any]]:
+        if callable(tasks):
+            chosen = list(tasks(it))
+            if not chosen:
+                raise ValueError(f"the task schedule gave no tasks for iteration {it + 1}")
+            return [(task_id_of(t, i), t) for i, t in enumerate(chosen)]
         indexed = [(task_id_of(t, i), t) for i, t in enumerate(tasks)]
         k = self.config.tasks_per_iteration
         if k is None or k >= len(indexed):
