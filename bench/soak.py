@@ -46,27 +46,23 @@ class FaultyExpert(ScriptedPolicy):
         super().__init__(expert_reply, tokenizer)
         self.rate, self.rng, self.lock = rate, random.Random(seed), threading.Lock()
         self.generated = 0
-        self.injected = collections.Counter()
+        self.injected: collections.Counter = collections.Counter()
+        self.malformed = ScriptedPolicy(
+            lambda m, t: '<tool_call>\n{"name": "lookup", "arguments": {oops}\n</tool_call>', tokenizer)
 
     def _chat(self, messages, tools, sampling, adapter):
         with self.lock:
             roll = self.rng.random()
-        if roll < self.rate:
-            self.injected["policy outage"] += 1
+            fault = ("policy outage" if roll < self.rate else "slow answer (1.5 s)" if roll < 2 * self.rate
+                     else "malformed tool call" if roll < 3 * self.rate else None)
+            if fault:
+                self.injected[fault] += 1
+        if fault == "policy outage":
             raise PolicyUnavailable("injected outage")
-        if roll < 2 * self.rate:
-            self.injected["slow answer (1.5 s)"] += 1
+        if fault == "slow answer (1.5 s)":
             time.sleep(1.5)
-        if roll < 3 * self.rate and roll >= 2 * self.rate:
-            self.injected["malformed tool call"] += 1
-            script = self.script
-            self.script = lambda m, t: '<tool_call>\n{"name": "lookup", "arguments": {oops}\n</tool_call>'
-            try:
-                out = super()._chat(messages, tools, sampling, adapter)
-            finally:
-                self.script = script
-        else:
-            out = super()._chat(messages, tools, sampling, adapter)
+        source = self.malformed if fault == "malformed tool call" else super()
+        out = source._chat(messages, tools, sampling, adapter)
         with self.lock:
             self.generated += 1
         return out
@@ -75,23 +71,23 @@ class FaultyExpert(ScriptedPolicy):
 def make_tools(rng: random.Random, rate: float, injected: collections.Counter):
     lock = threading.Lock()
 
-    def roll() -> float:
+    def fault(kind: str) -> bool:
         with lock:
-            return rng.random()
+            hit = rng.random() < rate
+            injected[kind] += hit
+        return hit
 
     @tool
     def multiply(a: int, b: int) -> int:
         """Multiply two integers."""
-        if roll() < rate:
-            injected["slow tool (1 s)"] += 1
+        if fault("slow tool (1 s)"):
             time.sleep(1.0)
         return a * b
 
     @tool
     def lookup(city: str) -> str:
         """Population of a city."""
-        if roll() < rate:
-            injected["tool raised"] += 1
+        if fault("tool raised"):
             raise RuntimeError("lookup service unavailable")
         return str(CITIES.get(city.strip(), f"unknown city: {city}"))
 

@@ -208,7 +208,8 @@ def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
     demo_recorder = fb.Recorder(store, "demonstrations")
     run_tasks(expert_agent, train, demo_recorder, greedy=True, concurrency=config.concurrency,
               desc="demonstrations", progress=progress, max_model_calls=config.max_model_calls)
-    demos = store.trajectories(run_id="demonstrations", status="complete")
+    # in task order, not the order concurrent agents finished in: the same seed, the same SFT
+    demos = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
         gamma=config.gamma, group_size=config.group_size, lr=config.rl_lr,
         concurrency=config.concurrency,

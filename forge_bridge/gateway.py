@@ -34,6 +34,11 @@ MAX_BODY = 16 * 1024 * 1024
 MAX_ENDED_IDS = 100_000  # ended episode ids remembered (late calls to them get 409)
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # dozens of agents connecting at once: none refused by the backlog
+    daemon_threads = True
+
+
 class Gateway:
     """`with Gateway(policy, recorder) as gw: ChatOpenAI(base_url=gw.base_url, ...)`"""
 
@@ -48,8 +53,7 @@ class Gateway:
         # their steps) are released, so a long-running gateway does not grow with every episode
         self._ended: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer((host, port), self._handler_class())
-        self._server.daemon_threads = True
+        self._server = _Server((host, port), self._handler_class())
         self._thread: threading.Thread | None = None
 
     @property
