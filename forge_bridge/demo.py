@@ -40,20 +40,20 @@ class DemoConfig:
     """Training tasks of each kind."""
     eval_per_kind: int = 10
     """Held-out tasks of each kind."""
-    sft_epochs: int = 3
-    """Passes over the demonstrations."""
-    sft_lr: float = 2e-4
+    sft_epochs: int = 1
+    """Passes over the demonstrations (a short warm start: it teaches the tool-call format)."""
+    sft_lr: float = 1e-3
     """SFT learning rate."""
-    rl_iterations: int = 12
+    rl_iterations: int = 10
     """GRPO iterations."""
     rl_tasks_per_kind: tuple[int, ...] = (1, 1, 2)
     """Tasks of each kind (multiply, lookup, lookup_multiply) in every GRPO iteration: every kind
     gets its signal each time, the two-step kind (the hard one) twice."""
     group_size: int = 8
     """Rollouts per task (GRPO group)."""
-    rl_lr: float = 5e-5
+    rl_lr: float = 2e-4
     """GRPO learning rate."""
-    temperature: float = 1.0
+    temperature: float = 0.7
     """Sampling temperature of the rollouts (evaluation is greedy)."""
     max_tokens: int = 48
     """Completion limit per model call (the longest expert call is under 40 tokens)."""
