@@ -166,6 +166,19 @@ def rates(tasks: list[Task], passed: list[bool]) -> dict[str, float]:
     return out
 
 
+def set_aside(out: Path) -> Path | None:
+    """Move an earlier run out of the way (to `<out>-<its time>`), so a new run never mixes its
+    metrics and trajectories into it and nothing of it is lost."""
+    if not out.exists() or not any(out.iterdir()):
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(out.stat().st_mtime))
+    earlier, n = out.with_name(f"{out.name}-{stamp}"), 1
+    while earlier.exists():
+        earlier, n = out.with_name(f"{out.name}-{stamp}-{n}"), n + 1
+    out.rename(earlier)
+    return earlier
+
+
 def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
     import torch
 
@@ -177,6 +190,9 @@ def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
 
     torch.manual_seed(config.seed)
     out = Path(config.out_dir)
+    earlier = set_aside(out)
+    if earlier is not None:
+        print(f"(the earlier run in {out} was moved to {earlier})")
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
     store = TrajectoryStore(out / "trajectories.db")

@@ -27,7 +27,26 @@ def test_demo_pipeline_runs_end_to_end(taught_model_dir, tmp_path):
         assert store.count(run_id="demonstrations", status="complete") == 12
         assert store.count(run_id="eval-base") == store.count(run_id="eval-rl") == 6
         rl = store.trajectories(run_id="rl")
-        assert len(rl) == 2 * 2 * 4 and {t.transitions[0].adapter for t in rl} >= {"demo-v1"}
+        assert len(rl) == 2 * 3 * 4 and {t.transitions[0].adapter for t in rl} >= {"demo-v1"}
+        for it in (2, 3):  # each iteration: one task of each kind, a group of 4 rollouts each
+            kinds = sorted(t.task_id.rsplit("-", 1)[0] for t in rl if t.metadata["iteration"] == it)
+            assert kinds == sorted(["multiply", "lookup", "lookup_multiply"] * 4)
         (final,) = store.trajectories(run_id="final")
         assert final.transitions[0].adapter == "demo-v3"
     assert "the live agent, on demo-v3" in proc.stdout
+
+
+def test_a_new_run_sets_the_earlier_one_aside(tmp_path):
+    from forge_bridge.demo import set_aside
+
+    out = tmp_path / "demo"
+    assert set_aside(out) is None
+    out.mkdir()
+    assert set_aside(out) is None  # empty: nothing to keep
+    (out / "metrics.jsonl").write_text("{}\n")
+    first = set_aside(out)
+    assert not out.exists() and (first / "metrics.jsonl").read_text() == "{}\n"
+    out.mkdir()
+    (out / "x").write_text("y")
+    second = set_aside(out)
+    assert second != first and (second / "x").is_file() and first.is_dir()
