@@ -42,8 +42,8 @@ def task_id_of(task: Any, index: int) -> str:
     return f"task-{index}"
 
 
-class RewardError(ValueError):
-    """The rollout (reward) function is broken: it raised on every task or gave no number."""
+class RolloutError(ValueError):
+    """The rollout function is broken: it gave no finite reward, or every rollout raised."""
 
 
 def check_reward(value: Any) -> float:
@@ -168,8 +168,8 @@ class Trainer:
                     try:
                         ep.reward(check_reward(value))
                     except ValueError as exc:
-                        raise RewardError(f"task {tid!r}: {exc}") from None
-            except RewardError as exc:  # recorded as failed (above); reported after the iteration
+                        raise RolloutError(f"task {tid!r}: {exc}") from None
+            except RolloutError as exc:  # recorded as failed (above); reported after the iteration
                 bad_rewards.append(str(exc))
             except PolicyError:  # an outage: recorded as failed with the reason, skipped below
                 pass
@@ -182,10 +182,10 @@ class Trainer:
                           leave=False, disable=not self.config.progress):
                 f.result()
         if bad_rewards:
-            raise RewardError(f"iteration {it + 1}: {bad_rewards[0]} ({len(bad_rewards)} rollout(s) "
+            raise RolloutError(f"iteration {it + 1}: {bad_rewards[0]} ({len(bad_rewards)} rollout(s) "
                               "affected; their trajectories are stored as failed, nothing was trained)")
         if len(crashes) == len(jobs):
-            raise RewardError(f"iteration {it + 1}: every rollout raised, e.g. {crashes[0]} "
+            raise RolloutError(f"iteration {it + 1}: every rollout raised, e.g. {crashes[0]} "
                               "(trajectories stored as failed, nothing was trained)")
         groups: dict[tuple, list[Trajectory]] = {}
         skipped = {"failed": 0, "incomplete": 0}

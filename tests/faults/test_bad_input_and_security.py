@@ -11,7 +11,7 @@ import pytest
 import forge_bridge as fb
 from forge_bridge.demo import DemoConfig
 from forge_bridge.http_env import JSONService
-from forge_bridge.trainer.loop import RewardError
+from forge_bridge.trainer.loop import RolloutError
 
 PACKAGE_DIRS = [Path(fb.__file__).parent, Path(fb.__file__).parent.parent / "adapters",
                 Path(fb.__file__).parent.parent / "trainer"]
@@ -57,7 +57,7 @@ def test_a_reward_function_that_raises_or_returns_nan_stops_the_run_before_train
         policy.chat([{"role": "user", "content": "hi"}], max_tokens=4)  # some recorded work first
         return reward(task)
 
-    with pytest.raises(RewardError, match=re.escape(message)):
+    with pytest.raises(RolloutError, match=re.escape(message)):
         trainer.train(rollout, [{"id": "a"}], iterations=1)
     assert trainer.iteration == 0 and policy.current_adapter is None  # nothing trained or published
     stored = trainer.recorder.store.trajectories()
