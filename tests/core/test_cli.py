@@ -69,14 +69,24 @@ def test_serve_starts_vllm_with_the_adapter_and_prints_its_url(taught_model_dir,
         assert lines and lines[-1].startswith(f"serving at http://127.0.0.1:{port}/v1"), "".join(lines)
         base = f"http://127.0.0.1:{port}/v1"
         assert "tuned" in [m["id"] for m in httpx.get(base + "/models").json()["data"]]
-        reply = httpx.post(base + "/chat/completions", timeout=60, json={
-            "model": "tuned", "messages": testing.ASK, "tools": [testing.ADD_TOOL],
-            "temperature": 0, "max_tokens": 24}).json()
-        base_reply = httpx.post(base + "/chat/completions", timeout=60, json={
-            "model": "base", "messages": testing.ASK, "tools": [testing.ADD_TOOL],
-            "temperature": 0, "max_tokens": 48}).json()
-        assert "Version" in reply["choices"][0]["message"]["content"]
-        assert base_reply["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "add"
+        # an ordinary LangChain agent pointed at the printed base_url, as the printed snippet says
+        from langchain.agents import create_agent
+        from langchain_core.tools import tool
+        from langchain_openai import ChatOpenAI
+
+        @tool
+        def add(a: int, b: int) -> int:
+            """Add two integers."""
+            return a + b
+
+        def agent(model: str):
+            llm = ChatOpenAI(base_url=base, api_key="unused", model=model, temperature=0, max_tokens=48)
+            return create_agent(llm, [add])
+
+        tuned = agent("tuned").invoke({"messages": testing.ASK})["messages"]
+        assert tuned[-1].content == "Version one."  # the adapter's own answer
+        untuned = agent("base").invoke({"messages": testing.ASK})["messages"]
+        assert untuned[1].tool_calls[0]["name"] == "add" and untuned[-1].content == "The answer is 5."
     finally:
         os.kill(proc.pid, signal.SIGINT)
         rest = proc.communicate(timeout=60)[0]
