@@ -121,8 +121,10 @@ def test_bad_trainer_input_is_a_clear_error(choice_model_dir, tmp_path):
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(group_size=2, out_dir=str(tmp_path), progress=False))
     with pytest.raises(TypeError, match="rollout"):
         trainer.train("not a function", training_task.TASKS, iterations=1)
-    # A reward function that raises or returns NaN fails those episodes, with the reason stored.
-    history = trainer.train(lambda task: float("nan"), training_task.TASKS, iterations=1)
-    assert history[0]["episodes_failed"] == 2
-    (failed, _) = trainer.recorder.store.trajectories(status="failed")
-    assert "finite number" in failed.metadata["error"]
+    # A reward function that returns NaN stops the run with a clear error before any training;
+    # its episodes are kept, failed, with the reason (more cases: tests/faults).
+    with pytest.raises(ValueError, match="must return a finite number"):
+        trainer.train(lambda task: float("nan"), training_task.TASKS, iterations=1)
+    failed = trainer.recorder.store.trajectories(status="failed")
+    assert len(failed) == 2 and all("finite number" in t.metadata["error"] for t in failed)
+    assert trainer.iteration == 0
