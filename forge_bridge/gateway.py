@@ -4,8 +4,8 @@ For agents whose code cannot change: point their `base_url` (or `OPENAI_BASE_URL
 gateway. The episode a call belongs to is named by the URL (`/episodes/<id>/v1/...`) or the
 `X-Forge-Episode` header; a call that names none is recorded as a one-step episode of its own,
 so nothing is dropped. The request's `model`, when it names a policy slot, picks that slot's
-adapter (otherwise the default slot serves). `POST /episodes/<id>/finish` with `{"reward": r}` closes an episode
-(`{"error": "why"}` ends it as failed, for an agent that crashed).
+adapter (otherwise the default slot serves). `POST /episodes/<id>/finish` with `{"reward": r}`
+closes an episode (`{"error": "why"}` ends it as failed, for an agent that crashed).
 
 Responses carry vLLM's extra fields (`prompt_token_ids`, per-choice `token_ids`, per-token
 logprobs), so a client that keeps them sees the exact tokens. Binds 127.0.0.1 unless told
