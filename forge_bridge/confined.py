@@ -44,10 +44,8 @@ class CommandLimits:
     """Allow network access (False: an empty network namespace where the OS permits one)."""
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s",):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"CommandLimits.{name}: expected a number > 0, got {value!r}")
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
+            raise ValueError(f"CommandLimits.timeout_s: expected a number > 0, got {self.timeout_s!r}")
         for name in ("cpu_s", "memory_mb", "file_size_mb", "open_files", "max_output_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
