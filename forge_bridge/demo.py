@@ -26,6 +26,9 @@ from typing import Any
 from forge_bridge.tasks import KINDS_ORDER, Task, check_answer, expert_reply, make_splits
 
 
+_MAY_BE_ZERO = ("seed", "rl_iterations", "rl_warmup_steps")
+
+
 @dataclass(frozen=True)
 class DemoConfig:
     """Settings of the demo pipeline (the defaults are the measured `make demo`)."""
@@ -46,13 +49,27 @@ class DemoConfig:
     """SFT learning rate."""
     rl_iterations: int = 10
     """GRPO iterations."""
-    rl_tasks_per_kind: tuple[int, ...] = (1, 1, 2)
+    rl_tasks_per_kind: tuple[int, ...] = (2, 1, 2)
     """Tasks of each kind (multiply, lookup, lookup_multiply) in every GRPO iteration: every kind
-    gets its signal each time, the two-step kind (the hard one) twice."""
+    gets its signal each time, and each decision is taught both ways equally often (first call:
+    multiply 2, lookup 2; after a lookup: answer 1, multiply 1)."""
     group_size: int = 8
     """Rollouts per task (GRPO group)."""
-    rl_lr: float = 2e-4
+    rl_lr: float = 3e-4
     """GRPO learning rate."""
+    rl_minibatch: int = 64
+    """Rollout samples per GRPO optimizer step. More than an iteration has: one step on all of
+    them, so where two kinds push the shared first decision opposite ways the pushes cancel and
+    only what tells the kinds apart is learned (in small steps they took turns and the decision
+    swung from one kind to the other)."""
+    rl_warmup_steps: int = 2
+    """Optimizer steps over which the GRPO learning rate rises to `rl_lr` (a fresh Adam's first
+    steps are its largest: on the first noisy batch they undid one kind to learn another)."""
+    baseline: str = "batch"
+    """GRPO's baseline: 'batch' (every rollout of the iteration) or 'group' (the task's own)."""
+    kl_beta: float = 0.1
+    """Weight of the KL to the SFT warm start, on every rollout (also those of groups with no
+    reward signal): a kind the update does not see is held where SFT left it."""
     temperature: float = 0.7
     """Sampling temperature of the rollouts (evaluation is greedy)."""
     max_tokens: int = 48
@@ -70,9 +87,9 @@ class DemoConfig:
             if f.type == "str" and not (isinstance(value, str) and value):
                 raise ValueError(f"DemoConfig.{f.name}: expected a non-empty string, got {value!r}")
             if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)
-                                    or value < (0 if f.name in ("seed", "rl_iterations") else 1)):
+                                    or value < (0 if f.name in _MAY_BE_ZERO else 1)):
                 raise ValueError(f"DemoConfig.{f.name}: expected an int >= "
-                                 f"{0 if f.name in ('seed', 'rl_iterations') else 1}, got {value!r}")
+                                 f"{0 if f.name in _MAY_BE_ZERO else 1}, got {value!r}")
             if f.type == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or value < 0 or (value == 0 and f.name.endswith("lr"))):
                 raise ValueError(f"DemoConfig.{f.name}: expected a number {'> 0' if f.name.endswith('lr') else '>= 0'}, "
@@ -82,6 +99,8 @@ class DemoConfig:
                 or sum(self.rl_tasks_per_kind) == 0):
             raise ValueError(f"DemoConfig.rl_tasks_per_kind: expected {len(KINDS_ORDER)} counts >= 0 "
                              f"(one per kind: {', '.join(KINDS_ORDER)}), got {self.rl_tasks_per_kind!r}")
+        if self.baseline not in ("group", "batch"):
+            raise ValueError(f"DemoConfig.baseline: expected 'group' or 'batch', got {self.baseline!r}")
         if self.gamma > 1:
             raise ValueError(f"DemoConfig.gamma: expected a number in [0, 1], got {self.gamma!r}")
 
@@ -228,12 +247,17 @@ def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
     demos = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
         gamma=config.gamma, group_size=config.group_size, lr=config.rl_lr,
+        warmup_steps=config.rl_warmup_steps, kl_beta=config.kl_beta,
+        minibatch_size=config.rl_minibatch, microbatch_size=8,
+        baseline=config.baseline, skip_uniform_groups=config.kl_beta == 0,
         concurrency=config.concurrency,
         run_name="demo", out_dir=str(out), seed=config.seed, progress=progress,
         max_seq_len=768, merge_steps=True), recorder=fb.Recorder(store, "rl"))
-    sft = supervised_finetune(trainer, demos, epochs=config.sft_epochs, lr=config.sft_lr)
+    sft = supervised_finetune(trainer, demos, epochs=config.sft_epochs, lr=config.sft_lr, batch_size=8)
     print(f"  SFT on {sft['sft_samples']} model calls: loss {sft['sft_loss_first']:.3f} -> "
           f"{sft['sft_loss_last']:.3f}; published {sft['adapter']} to the live agent")
+    if config.kl_beta > 0:
+        trainer.freeze_reference()  # GRPO's KL is to this warm start, not to the base model
     timings["demos + SFT"] = time.perf_counter() - t
 
     evaluate("SFT", "eval-sft", "evaluating after SFT (same agent object, now on the SFT adapter)")

@@ -31,7 +31,9 @@ class TrainerConfig:
     epochs: int = 1
     """Passes over each iteration's samples."""
     minibatch_size: int = 8
-    """Sequences per optimiser step."""
+    """Sequences per optimiser step (more than an iteration's samples: one step on all of them)."""
+    microbatch_size: int | None = None
+    """Sequences per forward/backward pass, accumulated into the step (None: the whole minibatch)."""
     clip_low: float = 0.2
     """Lower clip of the importance ratio: 1 - clip_low."""
     clip_high: float = 0.2
@@ -39,7 +41,9 @@ class TrainerConfig:
     tis_cap: float | None = None
     """Cap of truncated importance weights for stale samples (None: off)."""
     kl_beta: float = 0.0
-    """Weight of the k3 KL to the reference (the base model, adapter disabled); 0 skips it."""
+    """Weight of the k3 KL to the reference (the base model, or what `freeze_reference` froze); 0 skips it."""
+    warmup_steps: int = 0
+    """Optimizer steps over which the learning rate rises linearly to `lr` (0: none)."""
     loss_aggregation: str = "token"
     """'token' (every trained token weighs the same) or 'sequence' (each sequence the same)."""
     lora_rank: int = 16
@@ -57,7 +61,8 @@ class TrainerConfig:
     success_threshold: float = 1.0
     """A rollout whose reward reaches this counts as a success in the metrics."""
     skip_uniform_groups: bool = True
-    """Leave out groups whose rollouts all got the same reward (no signal)."""
+    """GRPO: leave out groups whose rollouts all got the same reward (no signal against their own
+    group; keep them when the KL term should hold their prompts near the reference)."""
     bf16: bool | None = None
     """bf16 autocast for the update (None: where the CPU supports it)."""
     run_name: str = "run"
@@ -76,6 +81,11 @@ class TrainerConfig:
             value = getattr(self, name)
             _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name,
                    "an int >= 1", value)
+        _check(self.microbatch_size is None or (isinstance(self.microbatch_size, int)
+               and not isinstance(self.microbatch_size, bool) and self.microbatch_size >= 1),
+               "microbatch_size", "an int >= 1 or None", self.microbatch_size)
+        _check(isinstance(self.warmup_steps, int) and not isinstance(self.warmup_steps, bool)
+               and self.warmup_steps >= 0, "warmup_steps", "an int >= 0", self.warmup_steps)
         _check(self.tasks_per_iteration is None or (isinstance(self.tasks_per_iteration, int)
                and self.tasks_per_iteration >= 1), "tasks_per_iteration", "an int >= 1 or None",
                self.tasks_per_iteration)
@@ -105,6 +115,14 @@ class GRPOConfig(TrainerConfig):
 
     scale_by_std: bool = True
     """Divide by the group's standard deviation (False: only subtract the mean, as Dr. GRPO)."""
+    baseline: str = "group"
+    """What a return is compared with: 'group' (GRPO: the other rollouts of the same task) or
+    'batch' (every rollout of the iteration: a task that all rollouts failed, or all passed,
+    still says which behaviour to leave or keep, against the other tasks)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.baseline in ("group", "batch"), "baseline", "'group' or 'batch'", self.baseline)
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,9 @@ class Trainer:
         self.bf16 = bf16_supported() if config.bf16 is None else config.bf16
         self.extra_modules = self._extra_modules(base.config.hidden_size)
         self.optimizer = torch.optim.AdamW(self._param_groups())
+        self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
+        self.reference: Any = None
+        """The frozen KL reference model (None: the base model, adapter disabled)."""
         self.recorder = recorder or Recorder(self.out / "trajectories.db", run_id=config.run_name)
         self.iteration = 0
         self.history: list[dict] = []
@@ -225,36 +228,88 @@ class Trainer:
         self.model.train()
         totals: dict[str, float] = {}
         steps = 0
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         for _ in range(self.config.epochs):
             order = list(range(len(samples)))
             self.rng.shuffle(order)
             for start in range(0, len(order), self.config.minibatch_size):
-                batch = collate([samples[i] for i in order[start:start + self.config.minibatch_size]], pad)
-                with self._autocast():
-                    logp, hidden, entropy = token_logprobs(self.model, batch["input_ids"],
-                                                           batch["attention_mask"], batch["loss_mask"],
-                                                           with_entropy=True)
-                    loss, stats = self.loss(logp, hidden, batch)
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                params = [p for g in self.optimizer.param_groups for p in g["params"]]
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip)
-                self.optimizer.step()
-                stats.update(loss=float(loss.detach()), grad_norm=float(grad_norm),
-                             entropy=float(entropy.mean()) if entropy is not None and entropy.numel() else 0.0)
+                stats = self._step([samples[i] for i in order[start:start + self.config.minibatch_size]])
                 for k, v in stats.items():
                     totals[k] = totals.get(k, 0.0) + v
                 steps += 1
         self.model.eval()
         return {k: v / max(steps, 1) for k, v in totals.items()} | {"optimizer_steps": steps}
 
+    def _step(self, minibatch: list[Sample]) -> dict[str, float]:
+        """One optimizer step on the minibatch, its gradient accumulated over microbatches, each
+        weighted by its share of what the loss averages over (trained tokens, or sequences), so
+        the step is the same as one pass over the whole minibatch."""
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        size = self.config.microbatch_size or len(minibatch)
+        chunks = [minibatch[k:k + size] for k in range(0, len(minibatch), size)]
+        if self.config.loss_aggregation == "token":
+            shares = [sum(sum(s.loss_mask) for s in c) for c in chunks]
+        else:
+            shares = [sum(1 for s in c if any(s.loss_mask)) for c in chunks]
+        total = max(sum(shares), 1)
+        self.optimizer.zero_grad(set_to_none=True)
+        stats: dict[str, float] = {}
+        for chunk, share in zip(chunks, shares):
+            weight = share / total
+            batch = collate(chunk, pad)
+            with self._autocast():
+                logp, hidden, entropy = token_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
+                                                       batch["loss_mask"], with_entropy=True)
+                loss, chunk_stats = self.loss(logp, hidden, batch)
+            (loss * weight).backward()
+            chunk_stats.update(loss=float(loss.detach()),
+                               entropy=float(entropy.mean()) if entropy is not None and entropy.numel() else 0.0)
+            for k, v in chunk_stats.items():
+                stats[k] = stats.get(k, 0.0) + weight * v
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip))
+        stats["lr"] = self._warm_up()
+        self.optimizer.step()
+        return stats
+
+    def _warm_up(self) -> float:
+        """Scale the learning rates for the coming step; returns the policy's. Adam's first
+        steps move every weight by the full rate whatever its gradient's size (m/sqrt(v) is a
+        sign at step 1), so on a noisy first batch a fresh optimizer takes its largest steps."""
+        first = self.optimizer.param_groups[0]["params"][0]
+        done = int(self.optimizer.state.get(first, {}).get("step", 0))
+        scale = min(1.0, (done + 1) / self.config.warmup_steps) if self.config.warmup_steps else 1.0
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base * scale
+        return self.optimizer.param_groups[0]["lr"]
+
+    def freeze_reference(self) -> Path:
+        """Make the current weights the KL reference, e.g. the SFT warm start: the KL then holds
+        RL near what SFT taught, where the base model (the default reference) cannot even call
+        tools. Saved in the run folder, so a resumed run keeps the same reference."""
+        path = save_adapter(self.model, self.out / "reference")
+        self._load_reference(path)
+        return path
+
+    def _load_reference(self, path: Path) -> None:
+        import copy
+
+        from forge_bridge.trainer.lora import load_adapter_weights
+
+        ref = copy.deepcopy(self.model)
+        load_adapter_weights(ref, path)
+        ref = ref.merge_and_unload().eval()  # a plain model: no LoRA cost in its forward
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        self.reference = ref
+
     def reference_logprobs(self, batch: dict) -> torch.Tensor:
-        """Log-probabilities under the base model (adapter disabled), without gradient."""
-        with torch.no_grad(), self.model.disable_adapter():
-            ref, _, _ = token_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
-                                       batch["loss_mask"])
-        return ref
+        """Log-probabilities under the reference (default: the base model), without gradient."""
+        args = (batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+        with torch.no_grad():
+            if self.reference is not None:
+                return token_logprobs(self.reference, *args)[0]
+            with self.model.disable_adapter():
+                return token_logprobs(self.model, *args)[0]
 
     # ------------------------------------------------------------------ publish, log, checkpoint
     def version_name(self, n: int) -> str:
@@ -288,6 +343,8 @@ class Trainer:
 
     def resume(self) -> int:
         """Continue from the last checkpoint in the run folder (none: start from scratch)."""
+        if (self.out / "reference" / "adapter_model.safetensors").is_file():
+            self._load_reference(self.out / "reference")
         path = checkpoint.latest(self.out / "checkpoints")
         if path is None:
             return self.iteration

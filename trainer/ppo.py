@@ -42,8 +42,9 @@ class PPOTrainer(Trainer):
         values: dict[tuple[str, int], float] = {}
         pad = self.tokenizer.pad_token_id or 0
         with torch.no_grad():
-            for start in range(0, len(samples), self.config.minibatch_size):
-                chunk = samples[start:start + self.config.minibatch_size]
+            size = self.config.microbatch_size or self.config.minibatch_size
+            for start in range(0, len(samples), size):
+                chunk = samples[start:start + size]
                 batch = collate(chunk, pad)
                 with self._autocast():
                     _, hidden, _ = token_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
@@ -84,7 +85,7 @@ class PPOTrainer(Trainer):
         if self.config.kl_beta > 0:
             kl = aggregate(kl_k3(logp, self.reference_logprobs(batch)), mask, self.config.loss_aggregation)
             loss = loss + self.config.kl_beta * kl
-            stats["kl"] = float(kl)
+            stats["kl"] = float(kl.detach())
         else:
             with torch.no_grad():
                 stats["kl"] = float(aggregate(kl_k3(logp, batch["old_logprobs"]), mask))

@@ -24,8 +24,10 @@ def sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def supervised_finetune(trainer, demonstrations: Sequence[Trajectory], *, epochs: int = 2,
-                        lr: float | None = None, publish: bool = True) -> dict:
-    """Train `trainer`'s LoRA on the demonstrations; then publish the result as its next version."""
+                        lr: float | None = None, batch_size: int | None = None,
+                        publish: bool = True) -> dict:
+    """Train `trainer`'s LoRA on the demonstrations; then publish the result as its next version.
+    `lr` and `batch_size` default to the trainer's RL settings."""
     from tqdm.auto import tqdm
 
     trajs = [t for t in demonstrations if t.transitions]
@@ -39,13 +41,14 @@ def supervised_finetune(trainer, demonstrations: Sequence[Trajectory], *, epochs
     pad = trainer.tokenizer.pad_token_id or 0
     trainer.model.train()
     losses = []
-    steps = epochs * -(-len(samples) // trainer.config.minibatch_size)
+    size = batch_size or trainer.config.minibatch_size
+    steps = epochs * -(-len(samples) // size)
     with tqdm(total=steps, desc="sft", disable=not trainer.config.progress) as bar:
         for _ in range(epochs):
             order = list(range(len(samples)))
             trainer.rng.shuffle(order)
-            for start in range(0, len(order), trainer.config.minibatch_size):
-                batch = collate([samples[i] for i in order[start:start + trainer.config.minibatch_size]], pad)
+            for start in range(0, len(order), size):
+                batch = collate([samples[i] for i in order[start:start + size]], pad)
                 with trainer._autocast():
                     logp, _, _ = token_logprobs(trainer.model, batch["input_ids"], batch["attention_mask"],
                                                 batch["loss_mask"])
