@@ -53,8 +53,8 @@ class DemoConfig:
     """Tasks of each kind (multiply, lookup, lookup_multiply) in every GRPO iteration: every kind
     gets its signal each time, and each decision is taught both ways equally often (first call:
     multiply 2, lookup 2; after a lookup: answer 1, multiply 1)."""
-    group_size: int = 8
-    """Rollouts per task (GRPO group)."""
+    group_size: int = 5
+    """Rollouts per task (GRPO group): 5 tasks x 5 rollouts, all 25 run at once."""
     rl_lr: float = 3e-4
     """GRPO learning rate."""
     rl_minibatch: int = 64
@@ -78,7 +78,7 @@ class DemoConfig:
     """Step limit of one episode: a longer tool loop is cut and recorded as truncated."""
     gamma: float = 0.95
     """Per-step discount."""
-    concurrency: int = 16
+    concurrency: int = 25
     """Agents run at once (their model calls are batched together)."""
 
     def __post_init__(self) -> None:

@@ -149,36 +149,41 @@ class LocalPolicy(Policy):
             g.manual_seed(r.sampling.seed if r.sampling.seed is not None else
                           int(torch.randint(0, 2**62, (1,)).item()))
             generators.append(g)
-        extra = {}
-        if self._peft is not None:
-            extra["adapter_names"] = [r.adapter or BASE for r in batch]
+        names = [r.adapter or BASE for r in batch]
         model = self._peft if self._peft is not None else self.model
         tokens: list[list[int]] = [[] for _ in batch]
         logprobs: list[list[float]] = [[] for _ in batch]
         done = [False] * n
+        active = list(range(n))  # row k of the running batch is request active[k]
         cache = None
         with torch.inference_mode():
             step_ids, step_pos = ids, positions
             for _ in range(max(limits)):
+                extra = {"adapter_names": [names[i] for i in active]} if self._peft is not None else {}
                 out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
                             cache=cache, use_cache=True, logits_to_keep=1, **extra)
                 cache = out.cache
                 logits = out.logits[:, -1, :].float()
                 raw_logp = torch.log_softmax(logits, dim=-1)
-                nxt = torch.full((n,), self.pad_id, dtype=torch.long)
-                for i, r in enumerate(batch):
-                    if done[i]:
-                        continue
-                    tok = sample_next(logits[i], r.sampling.temperature, r.sampling.top_p, generators[i])
-                    nxt[i] = tok
+                nxt = torch.full((len(active),), self.pad_id, dtype=torch.long)
+                for k, i in enumerate(active):
+                    r = batch[i]
+                    tok = sample_next(logits[k], r.sampling.temperature, r.sampling.top_p, generators[i])
+                    nxt[k] = tok
                     tokens[i].append(tok)
-                    logprobs[i].append(min(0.0, float(raw_logp[i, tok])))
+                    logprobs[i].append(min(0.0, float(raw_logp[k, tok])))
                     done[i] = tok == self.eos_id or len(tokens[i]) >= limits[i]
-                if all(done):
+                keep = [k for k, i in enumerate(active) if not done[i]]
+                if not keep:
                     break
                 step_ids = nxt[:, None]
                 step_pos = step_pos[:, -1:] + 1
-                mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long)], dim=1)
+                mask = torch.cat([mask, torch.ones((len(active), 1), dtype=torch.long)], dim=1)
+                if len(keep) < len(active):  # finished rows leave: a long straggler decodes alone
+                    rows = torch.tensor(keep)
+                    cache.batch_select_indices(rows)
+                    step_ids, step_pos, mask = step_ids[rows], step_pos[rows], mask[rows]
+                    active = [active[k] for k in keep]
         return [self._output(r, toks, lps) for r, toks, lps in zip(batch, tokens, logprobs)]
 
     def _output(self, req: _Request, tokens: list[int], logprobs: list[float]) -> PolicyOutput:

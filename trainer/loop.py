@@ -245,7 +245,8 @@ class Trainer:
         the step is the same as one pass over the whole minibatch."""
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         size = self.config.microbatch_size or len(minibatch)
-        chunks = [minibatch[k:k + size] for k in range(0, len(minibatch), size)]
+        by_length = sorted(minibatch, key=lambda s: len(s.input_ids))  # less padding, same step
+        chunks = [by_length[k:k + size] for k in range(0, len(by_length), size)]
         if self.config.loss_aggregation == "token":
             shares = [sum(sum(s.loss_mask) for s in c) for c in chunks]
         else:

@@ -175,6 +175,29 @@ def test_local_policy_batches_concurrent_callers(taught_model_dir):
         assert policy.batches_run - before < 8  # shared forward passes, not one per caller
 
 
+def test_rows_that_finish_early_leave_the_batch_and_the_rest_decode_as_they_would_alone(taught_model_dir):
+    from concurrent.futures import Future
+
+    from forge_bridge.local_policy import _Request
+    from forge_bridge.policy import Sampling
+
+    with LocalPolicy(str(taught_model_dir), dtype="float32") as policy:
+        prompts = [policy.encode(testing.ASK, [testing.ADD_TOOL]), policy.encode(testing.AFTER_TOOL, [testing.ADD_TOOL]),
+                   policy.encode([{"role": "user", "content": "Say something long."}])]
+        rows = [(prompts[0], 3), (prompts[1], 40), (prompts[2], 40), (prompts[0], 40)]  # ends at different steps
+
+        def request(prompt, max_tokens):
+            return _Request(prompt, Sampling(temperature=0.0, max_tokens=max_tokens), None, Future())
+
+        together = policy._generate([request(p, m) for p, m in rows])
+        alone = [policy._generate([request(p, m)])[0] for p, m in rows]
+    lengths = [len(o.completion_token_ids) for o in together]
+    assert len(set(lengths)) >= 3, lengths  # rows really left the batch at different steps
+    for t, a in zip(together, alone):
+        assert t.completion_token_ids == a.completion_token_ids
+        assert t.completion_logprobs == pytest.approx(a.completion_logprobs, abs=1e-3)
+
+
 def test_local_policy_refuses_calls_after_close(taught_model_dir):
     from forge_bridge.policy import PolicyError
 

@@ -26,18 +26,19 @@ def test_microbatches_give_the_same_step_as_one_pass(tmp_path, aggregation):
     after = []
     for micro in (None, 2):
         trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
-            lr=1e-2, minibatch_size=8, microbatch_size=micro, loss_aggregation=aggregation,
+            lr=1e-2, minibatch_size=8, grad_clip=1e9, microbatch_size=micro, loss_aggregation=aggregation,
             out_dir=str(tmp_path / f"run-{micro}"), progress=False, seed=0, bf16=False))
         stats = trainer.update(samples(trainer.tokenizer.vocab_size))
         assert stats["optimizer_steps"] == 1
-        after.append({n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad})
-        # Adam's step hides a gradient's scale; the loss and the gradient's norm do not.
+        # The accumulated gradient (Adam's step would hide its scale, and turn rounding-level
+        # differences of near-zero entries into full-size steps).
+        after.append({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.requires_grad})
         after[-1]["_loss"] = torch.tensor(stats["loss"])
         after[-1]["_grad_norm"] = torch.tensor(stats["grad_norm"])
     whole, accumulated = after
     assert float(whole["_grad_norm"]) > 0
     for name, value in whole.items():
-        torch.testing.assert_close(accumulated[name], value, atol=1e-6, rtol=1e-4)
+        torch.testing.assert_close(accumulated[name], value, atol=1e-5, rtol=1e-3)
     policy.close()
     with pytest.raises(ValueError, match="microbatch_size"):
         fb.GRPOConfig(microbatch_size=0)
