@@ -6,8 +6,9 @@ measurably better at tool use through forge-bridge, on the embedded model, on a 
 2. evaluate it greedily on the held-out tasks (base);
 3. record demonstrations through the same middleware with a scripted expert policy, and warm
    start the LoRA with SFT on them (a 135M model does not call tools out of the box);
-4. evaluate (SFT); train with multi-turn GRPO (per-step gamma credit) while the same agent
-   object keeps running and picks up every new adapter; evaluate (SFT+RL);
+4. evaluate (SFT); train with multi-turn GRPO (per-step gamma credit, a batch baseline, a KL
+   to the warm start) while the same agent object keeps running and picks up every new
+   adapter; evaluate (SFT+RL);
 5. print the table, write the reward curve and TensorBoard logs, and let the live agent answer
    one more question with the trained adapter.
 """
@@ -51,8 +52,8 @@ class DemoConfig:
     """GRPO iterations."""
     rl_tasks_per_kind: tuple[int, ...] = (2, 1, 2)
     """Tasks of each kind (multiply, lookup, lookup_multiply) in every GRPO iteration: every kind
-    gets its signal each time, and each decision is taught both ways equally often (first call:
-    multiply 2, lookup 2; after a lookup: answer 1, multiply 1)."""
+    gets its signal each time; the first call (multiply 2 tasks, lookup 3) and the call after a
+    lookup (answer 1, multiply 2) are each taught both ways in every update."""
     group_size: int = 5
     """Rollouts per task (GRPO group): 5 tasks x 5 rollouts, all 25 run at once."""
     rl_lr: float = 3e-4
@@ -66,10 +67,12 @@ class DemoConfig:
     """Optimizer steps over which the GRPO learning rate rises to `rl_lr` (a fresh Adam's first
     steps are its largest: on the first noisy batch they undid one kind to learn another)."""
     baseline: str = "batch"
-    """GRPO's baseline: 'batch' (every rollout of the iteration) or 'group' (the task's own)."""
+    """GRPO's baseline: 'batch' (every rollout of the iteration) or 'group' (the task's own).
+    With 'group', a kind whose rollouts all failed (or all passed) gave no signal, and the kinds
+    that did pulled the shared first decision their way until that kind was lost."""
     kl_beta: float = 0.1
-    """Weight of the KL to the SFT warm start, on every rollout (also those of groups with no
-    reward signal): a kind the update does not see is held where SFT left it."""
+    """Weight of the KL to the SFT warm start (not the base model, which cannot call tools), on
+    every rollout: it holds what SFT taught unless the reward says otherwise."""
     temperature: float = 0.7
     """Sampling temperature of the rollouts (evaluation is greedy)."""
     max_tokens: int = 48

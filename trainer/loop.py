@@ -242,7 +242,8 @@ class Trainer:
     def _step(self, minibatch: list[Sample]) -> dict[str, float]:
         """One optimizer step on the minibatch, its gradient accumulated over microbatches, each
         weighted by its share of what the loss averages over (trained tokens, or sequences), so
-        the step is the same as one pass over the whole minibatch."""
+        the step is the same as one pass over the whole minibatch (PPO's value loss, averaged
+        over steps rather than tokens, only approximately)."""
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         size = self.config.microbatch_size or len(minibatch)
         by_length = sorted(minibatch, key=lambda s: len(s.input_ids))  # less padding, same step
