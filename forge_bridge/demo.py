@@ -6,8 +6,9 @@ measurably better at tool use through forge-bridge, on the embedded model, on a 
 2. evaluate it greedily on the held-out tasks (base);
 3. record demonstrations through the same middleware with a scripted expert policy, and warm
    start the LoRA with SFT on them (a 135M model does not call tools out of the box);
-4. evaluate (SFT); train with multi-turn GRPO (per-step gamma credit) while the same agent
-   object keeps running and picks up every new adapter; evaluate (SFT+RL);
+4. evaluate (SFT); train with multi-turn GRPO (per-step gamma credit, a batch baseline, a KL
+   to the warm start) while the same agent object keeps running and picks up every new
+   adapter; evaluate (SFT+RL);
 5. print the table, write the reward curve and TensorBoard logs, and let the live agent answer
    one more question with the trained adapter.
 """
@@ -47,26 +48,28 @@ class DemoConfig:
     """Passes over the demonstrations (a short warm start: it teaches the tool-call format)."""
     sft_lr: float = 1e-3
     """SFT learning rate."""
-    rl_iterations: int = 10
+    rl_iterations: int = 8
     """GRPO iterations."""
-    rl_tasks_per_kind: tuple[int, ...] = (1, 1, 2)
+    rl_tasks_per_kind: tuple[int, ...] = (2, 1, 2)
     """Tasks of each kind (multiply, lookup, lookup_multiply) in every GRPO iteration: every kind
-    gets its signal each time, the two-step kind (the hard one) twice."""
+    gets its signal each time; the first call (multiply for 2 tasks, lookup for 3) and the call
+    after a lookup (answer 1, multiply 2) are each taught both ways in every update."""
     group_size: int = 8
     """Rollouts per task (GRPO group)."""
-    rl_lr: float = 2e-4
+    rl_lr: float = 3e-4
     """GRPO learning rate."""
-    rl_minibatch: int = 8
-    """Rollout samples per GRPO optimizer step (64, more than an iteration has: one step on all
-    of them, so opposite pushes of two kinds on a decision they share cancel; see
-    docs/demo-experiments.md)."""
-    rl_warmup_steps: int = 0
+    rl_minibatch: int = 64
+    """Rollout samples per GRPO optimizer step: more than an iteration has, so one step on all of
+    them, and opposite pushes of two kinds on a decision they share cancel instead of taking
+    turns (docs/demo-experiments.md)."""
+    rl_warmup_steps: int = 2
     """Optimizer steps over which the GRPO learning rate rises to `rl_lr` (a fresh Adam's first
     steps are its largest, whatever the gradient's size)."""
-    baseline: str = "group"
-    """GRPO's baseline: 'group' (the task's own rollouts) or 'batch' (every rollout of the
-    iteration, so a kind whose rollouts all failed, or all passed, still has a signal)."""
-    kl_beta: float = 0.0
+    baseline: str = "batch"
+    """GRPO's baseline: 'batch' (every rollout of the iteration, so a kind whose rollouts all
+    failed, or all passed, still has a signal) or 'group' (the task's own rollouts: then such a
+    kind was silent and the others pulled the shared decisions their way until it was lost)."""
+    kl_beta: float = 0.1
     """Weight of the KL to the SFT warm start (not the base model, which cannot call tools);
     0: none."""
     temperature: float = 0.7
@@ -77,8 +80,8 @@ class DemoConfig:
     """Step limit of one episode: a longer tool loop is cut and recorded as truncated."""
     gamma: float = 0.95
     """Per-step discount."""
-    concurrency: int = 16
-    """Agents run at once (their model calls are batched together)."""
+    concurrency: int = 20
+    """Agents run at once (their model calls are batched together: 40 rollouts in two waves)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
