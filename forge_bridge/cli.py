@@ -18,6 +18,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                          rl_tasks_per_kind=(1, 1, 1), group_size=4)
     if args.rl_iterations is not None:
         config = replace(config, rl_iterations=args.rl_iterations)
+    if args.sft_epochs is not None:
+        config = replace(config, sft_epochs=args.sft_epochs)
     demo.run(config)
     return 0
 
@@ -168,7 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="embedded model name or a model directory (default: smollm2-135m-instruct)")
     p.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
     p.add_argument("--rl-iterations", type=int,
-                   help=f"GRPO iterations (default: {DemoConfig.rl_iterations})")
+                   help=f"GRPO iterations (default: {DemoConfig.rl_iterations}; 0: SFT only)")
+    p.add_argument("--sft-epochs", type=int,
+                   help=f"passes of the SFT warm start over the demonstrations "
+                        f"(default: {DemoConfig.sft_epochs})")
     p.add_argument("--quick", action="store_true", help="tiny scale: checks the pipeline in a minute")
     p.set_defaults(func=_cmd_demo)
 

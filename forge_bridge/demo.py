@@ -264,28 +264,30 @@ def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
 
     evaluate("SFT", "eval-sft", "evaluating after SFT (same agent object, now on the SFT adapter)")
 
-    t = phase(f"GRPO: {config.rl_iterations} iterations x {sum(config.rl_tasks_per_kind)} tasks x "
-              f"{config.group_size} rollouts at T={config.temperature}, per-step gamma={config.gamma}")
+    if config.rl_iterations:
+        t = phase(f"GRPO: {config.rl_iterations} iterations x {sum(config.rl_tasks_per_kind)} tasks x "
+                  f"{config.group_size} rollouts at T={config.temperature}, per-step gamma={config.gamma}")
 
-    def rollout(task: Task) -> float:
-        return 1.0 if attempt(agent, task, config.max_model_calls) else 0.0
+        def rollout(task: Task) -> float:
+            return 1.0 if attempt(agent, task, config.max_model_calls) else 0.0
 
-    by_kind = {kind: [t for t in train if t.kind == kind] for kind in KINDS_ORDER}
+        by_kind = {kind: [t for t in train if t.kind == kind] for kind in KINDS_ORDER}
 
-    def schedule(it: int) -> list[Task]:  # the same number of tasks of each kind, drawn anew
-        rng = random.Random(config.seed * 100_003 + it)
-        return [t for kind, n in zip(KINDS_ORDER, config.rl_tasks_per_kind) for t in rng.sample(by_kind[kind], n)]
+        def schedule(it: int) -> list[Task]:  # the same number of tasks of each kind, drawn anew
+            rng = random.Random(config.seed * 100_003 + it)
+            return [t for kind, n in zip(KINDS_ORDER, config.rl_tasks_per_kind)
+                    for t in rng.sample(by_kind[kind], n)]
 
-    trainer.train(rollout, schedule, iterations=trainer.iteration + config.rl_iterations)
-    timings["GRPO"] = time.perf_counter() - t
-
-    evaluate("SFT+RL", "eval-rl", "evaluating after SFT+RL")
+        trainer.train(rollout, schedule, iterations=trainer.iteration + config.rl_iterations)
+        timings["GRPO"] = time.perf_counter() - t
+        evaluate("SFT+RL", "eval-rl", "evaluating after SFT+RL")
     trainer.close()
 
-    png = plot_run(out)
     print_table(results, timings, held_out)
-    print(f"\nreward curve: {png}\nTensorBoard: tensorboard --logdir {out / 'tb'}\n"
-          f"adapters: {out / 'adapters'} (live: {policy.current_adapter})")
+    print()
+    if config.rl_iterations:  # without a GRPO iteration there is no reward curve to draw
+        print(f"reward curve: {plot_run(out)}\nTensorBoard: tensorboard --logdir {out / 'tb'}")
+    print(f"adapters: {out / 'adapters'} (live: {policy.current_adapter})")
 
     last = held_out[-1]
     with fb.sampling(temperature=0), fb.episode(last.id, recorder=fb.Recorder(store, "final")) as ep:

@@ -36,6 +36,19 @@ def test_demo_pipeline_runs_end_to_end(taught_model_dir, tmp_path):
     assert "the live agent, on demo-v3" in proc.stdout
 
 
+def test_demo_with_no_grpo_iteration_reports_sft_alone(taught_model_dir, tmp_path):
+    out = tmp_path / "sft-only"
+    proc = subprocess.run([sys.executable, "-m", "forge_bridge.cli", "demo", "--quick", "--rl-iterations",
+                           "0", "--sft-epochs", "2", "--model", str(taught_model_dir), "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "results.json").read_text())
+    assert list(summary["results"]) == ["base", "SFT"] and "GRPO" not in summary["timings_s"]
+    assert summary["config"]["sft_epochs"] == 2 and summary["adapter"] == "demo-v1"
+    assert "reward curve" not in proc.stdout and not (out / "reward_curve.png").exists()
+    assert "the live agent, on demo-v1" in proc.stdout
+
+
 def test_a_new_run_sets_the_earlier_one_aside(tmp_path):
     from forge_bridge.demo import set_aside
 
