@@ -28,6 +28,7 @@ from forge_bridge.trainer.advantages import discounted_returns, step_rewards
 from forge_bridge.trainer.batch import BatchStats, Sample, build_samples, collate
 from forge_bridge.trainer.config import TrainerConfig
 from forge_bridge.trainer.lora import attach_lora, save_adapter, token_logprobs
+from forge_bridge.trainer.losses import aggregate, clipped_policy_loss, kl_k3
 from forge_bridge.types import Trajectory
 
 Rollout = Callable[[Any], float]
@@ -76,6 +77,8 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.rng = random.Random(config.seed)
         base, self.tokenizer = models.load(str(source))
+        self.pad_id: int = self.tokenizer.pad_token_id or 0
+        """What collated batches are padded with (masked out wherever it lands)."""
         self.model = attach_lora(base, config.lora_rank, config.lora_alpha, config.lora_targets)
         self.bf16 = bf16_supported() if config.bf16 is None else config.bf16
         self.extra_modules = self._extra_modules(base.config.hidden_size)
@@ -100,6 +103,22 @@ class Trainer:
 
     def loss(self, logp: torch.Tensor, hidden: torch.Tensor, batch: dict) -> tuple[torch.Tensor, dict]:
         raise NotImplementedError
+
+    def policy_loss(self, logp: torch.Tensor, batch: dict) -> tuple[torch.Tensor, dict]:
+        """The clipped surrogate GRPO and PPO share, plus the KL to the reference when `kl_beta`
+        is set; without it the KL to the behaviour policy is only logged (a cheap drift gauge)."""
+        mask = batch["loss_mask"]
+        loss, stats = clipped_policy_loss(logp, batch["old_logprobs"], batch["advantages"], mask,
+                                          self.config.clip_low, self.config.clip_high,
+                                          self.config.tis_cap, self.config.loss_aggregation)
+        if self.config.kl_beta > 0:
+            kl = aggregate(kl_k3(logp, self.reference_logprobs(batch)), mask, self.config.loss_aggregation)
+            loss = loss + self.config.kl_beta * kl
+            stats["kl"] = float(kl.detach())
+        else:
+            with torch.no_grad():
+                stats["kl"] = float(aggregate(kl_k3(logp, batch["old_logprobs"]), mask))
+        return loss, stats
 
     # ------------------------------------------------------------------ the loop
     def train(self, rollout: Rollout, tasks: Sequence[Any] | Callable[[int], Sequence[Any]],
@@ -244,7 +263,6 @@ class Trainer:
         weighted by its share of what the loss averages over (trained tokens, or sequences), so
         the step is the same as one pass over the whole minibatch (PPO's value loss, averaged
         over steps rather than tokens, only approximately)."""
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         size = self.config.microbatch_size or len(minibatch)
         by_length = sorted(minibatch, key=lambda s: len(s.input_ids))  # less padding, same step
         chunks = [by_length[k:k + size] for k in range(0, len(by_length), size)]
@@ -257,7 +275,7 @@ class Trainer:
         stats: dict[str, float] = {}
         for chunk, share in zip(chunks, shares):
             weight = share / total
-            batch = collate(chunk, pad)
+            batch = collate(chunk, self.pad_id)
             with self._autocast():
                 logp, hidden, entropy = token_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
                                                        batch["loss_mask"], with_entropy=True)

@@ -14,7 +14,7 @@ from forge_bridge.trainer.batch import build_samples, collate
 from forge_bridge.trainer.config import PPOConfig
 from forge_bridge.trainer.lora import token_logprobs
 from forge_bridge.trainer.loop import Trainer
-from forge_bridge.trainer.losses import aggregate, clipped_policy_loss, kl_k3, value_loss
+from forge_bridge.trainer.losses import value_loss
 
 
 def read_values(head: torch.nn.Module, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -40,12 +40,11 @@ class PPOTrainer(Trainer):
         zeros = [torch.zeros(len(t.transitions)) for t in trajs]
         samples, _ = build_samples(trajs, zeros, self.config.max_seq_len, merge=False)
         values: dict[tuple[str, int], float] = {}
-        pad = self.tokenizer.pad_token_id or 0
         with torch.no_grad():
             size = self.config.microbatch_size or self.config.minibatch_size
             for start in range(0, len(samples), size):
                 chunk = samples[start:start + size]
-                batch = collate(chunk, pad)
+                batch = collate(chunk, self.pad_id)
                 with self._autocast():
                     _, hidden, _ = token_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
                                                   batch["loss_mask"])
@@ -74,19 +73,8 @@ class PPOTrainer(Trainer):
         return samples, stats, {"value_mean": sum(values.values()) / max(len(values), 1)}
 
     def loss(self, logp, hidden, batch):
-        mask = batch["loss_mask"]
-        loss, stats = clipped_policy_loss(logp, batch["old_logprobs"], batch["advantages"], mask,
-                                          self.config.clip_low, self.config.clip_high,
-                                          self.config.tis_cap, self.config.loss_aggregation)
+        loss, stats = self.policy_loss(logp, batch)
         values = read_values(self.extra_modules["value_head"], hidden, batch["value_positions"])
         vloss = value_loss(values, batch["returns"], batch["value_mask"])
-        loss = loss + self.config.value_coef * vloss
         stats["value_loss"] = float(vloss.detach())
-        if self.config.kl_beta > 0:
-            kl = aggregate(kl_k3(logp, self.reference_logprobs(batch)), mask, self.config.loss_aggregation)
-            loss = loss + self.config.kl_beta * kl
-            stats["kl"] = float(kl.detach())
-        else:
-            with torch.no_grad():
-                stats["kl"] = float(aggregate(kl_k3(logp, batch["old_logprobs"]), mask))
-        return loss, stats
+        return loss + self.config.value_coef * vloss, stats

@@ -38,7 +38,6 @@ def supervised_finetune(trainer, demonstrations: Sequence[Trajectory], *, epochs
                          "(were they recorded with token ids?)")
     optimizer = torch.optim.AdamW([p for p in trainer.model.parameters() if p.requires_grad],
                                   lr=lr or trainer.config.lr)
-    pad = trainer.tokenizer.pad_token_id or 0
     trainer.model.train()
     losses = []
     size = batch_size or trainer.config.minibatch_size
@@ -48,7 +47,7 @@ def supervised_finetune(trainer, demonstrations: Sequence[Trajectory], *, epochs
             order = list(range(len(samples)))
             trainer.rng.shuffle(order)
             for start in range(0, len(order), size):
-                batch = collate([samples[i] for i in order[start:start + size]], pad)
+                batch = collate([samples[i] for i in order[start:start + size]], trainer.pad_id)
                 with trainer._autocast():
                     logp, _, _ = token_logprobs(trainer.model, batch["input_ids"], batch["attention_mask"],
                                                 batch["loss_mask"])
