@@ -29,8 +29,14 @@ for _key, _value in (("CREWAI_DISABLE_TELEMETRY", "true"), ("OTEL_SDK_DISABLED",
 from crewai.llms.base_llm import BaseLLM  # noqa: E402
 from pydantic import ConfigDict, Field, PrivateAttr  # noqa: E402
 
-from forge_bridge.policy import DEFAULT_SLOT, Policy, PolicyError, PolicyOutput  # noqa: E402
+from forge_bridge.policy import DEFAULT_SLOT, Policy, PolicyOutput  # noqa: E402
+from forge_bridge.recording import (DEFAULT_MAX_MODEL_CALLS, DEFAULT_MAX_TOOL_OUTPUT_CHARS,  # noqa: E402
+                                    DEFAULT_TOOL_TIMEOUT_S, Limits, ToolOutcome, acall_policy,
+                                    bound_output, call_policy, record_tool_result, run_tool)
 from forge_bridge.session import Episode, current_episode  # noqa: E402
+
+STEP_LIMIT_ANSWER = "[forge-bridge: the step limit was reached]"
+"""The final answer ForgeLLM gives CrewAI past `max_model_calls` (not a model output: not recorded)."""
 
 
 def _force_final_answer_text() -> str:
@@ -50,6 +56,12 @@ class ForgeLLM(BaseLLM):
     """Agent role -> policy slot whose current adapter serves that role (default slot otherwise)."""
     context_window: int = 2048
     """What CrewAI is told the context size is (it trims history to fit)."""
+    max_model_calls: int | None = DEFAULT_MAX_MODEL_CALLS
+    """Model calls per role and episode; past it the task gets a final answer, episode truncated."""
+    tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S
+    """Seconds a tool run by this LLM (CrewAI's `available_functions`) may take."""
+    max_tool_output_chars: int | None = DEFAULT_MAX_TOOL_OUTPUT_CHARS
+    """Longest tool output kept (the rest cut, and counted)."""
 
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _last_role: dict[str, str] = PrivateAttr(default_factory=dict)
@@ -62,6 +74,11 @@ class ForgeLLM(BaseLLM):
                             f"VLLMPolicy), got {type(policy).__name__}")
         kwargs.setdefault("model", "forge")  # never contains "o1", which flips CrewAI to ReAct
         super().__init__(policy=policy, role_adapter=role_adapter, **kwargs)
+        self.limits  # validate the limits now, not at the first call
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.max_model_calls, self.tool_timeout_s, self.max_tool_output_chars)
 
     # CrewAI asks these to choose its protocol: native tool calls, no stop words.
     def supports_function_calling(self) -> bool:
@@ -87,7 +104,7 @@ class ForgeLLM(BaseLLM):
                 role = self._last_role.get(key)
             if role is not None:
                 self._last_role[key] = role
-        info: dict[str, Any] = {"framework": "crewai", "role": role, "forced_final_answer": forced}
+        info: dict[str, Any] = {"role": role, "forced_final_answer": forced}
         if from_task is not None:
             task_key = (key, str(getattr(from_task, "id", id(from_task))))
             fresh = not any(m.get("role") in ("assistant", "tool") for m in msgs)
@@ -98,21 +115,22 @@ class ForgeLLM(BaseLLM):
         episode = parent.child(role) if parent is not None and role is not None else parent
         if episode is not None:
             episode.attach_tool_results(msgs)
+            if forced:  # CrewAI's max_iter cut the task: this call is its forced last word
+                episode.truncate("CrewAI's max_iter")
         slot = (self.role_adapter or {}).get(role, DEFAULT_SLOT)
         sampling = {k: v for k, v in (("temperature", self.temperature), ("top_p", self.top_p),
                                       ("max_tokens", self.max_tokens), ("seed", self.seed))
                     if v is not None}
         return msgs, episode, slot, sampling, info
 
-    def _finish(self, out: PolicyOutput, msgs: list[dict], tools: Any, episode: Episode | None,
-                info: dict, available_functions: dict | None, response_model: Any) -> Any:
-        step = None
-        if episode is not None:
-            step = episode.record(out.to_transition(msgs, tools or None, **info))
+    def _answer(self, out: PolicyOutput | None, episode: Episode | None,
+                available_functions: dict | None, response_model: Any) -> Any:
+        if out is None:  # the step limit: a final answer ends the task (CrewAI refuses empty ones)
+            return STEP_LIMIT_ANSWER
         if out.action.tool_calls and not available_functions:
             return [tc.to_openai() for tc in out.action.tool_calls]  # CrewAI runs them
         if out.action.tool_calls and available_functions:
-            return self._run_tool(out, available_functions, episode, step)
+            return self._run_tools(out, available_functions, episode)
         if response_model is not None:
             try:
                 return response_model.model_validate_json(out.text)
@@ -120,46 +138,47 @@ class ForgeLLM(BaseLLM):
                 return out.text
         return out.text
 
-    def _run_tool(self, out: PolicyOutput, functions: dict, episode: Episode | None,
-                  step: int | None) -> Any:
-        call = out.action.tool_calls[0]
-        fn = functions.get(call.name)
-        try:
+    def _run_tools(self, out: PolicyOutput, functions: dict, episode: Episode | None) -> Any:
+        """Run every tool call of the reply, each under the timeout; one call gives its result
+        (as CrewAI's own LLM does), several give one line per call."""
+        results = []
+        for call in out.action.tool_calls:
+            fn = functions.get(call.name)
             if fn is None:
-                raise KeyError(f"no tool named {call.name!r}")
-            result = fn(**json.loads(call.arguments or "{}"))
-            record = {"name": call.name, "content": str(result), "status": "success", "error": None}
-        except Exception as exc:
-            result = f"Error: {type(exc).__name__}: {exc}"
-            record = {"name": call.name, "content": None, "status": "error", "error": result[7:]}
-        if episode is not None:
-            episode.add_tool_result(call.id, record)
-        return result
+                outcome = ToolOutcome(error=f"KeyError: no tool named {call.name!r}")
+            else:
+                try:
+                    args = json.loads(call.arguments or "{}")
+                except ValueError as exc:
+                    outcome = ToolOutcome(error=f"ValueError: arguments are not JSON ({exc})")
+                else:
+                    outcome = run_tool(lambda: fn(**args), self.limits.tool_timeout_s)
+            text, full = bound_output(str(outcome.value) if outcome.ok else f"Error: {outcome.error}",
+                                      self.limits)
+            record_tool_result(episode, call.id, call.name, content=text if outcome.ok else None,
+                               error=outcome.error, latency_s=outcome.latency_s,
+                               **({"content_chars": full} if full is not None else {}))
+            results.append((call.name, outcome.value if outcome.ok and full is None else text))
+        if len(results) == 1:
+            return results[0][1]
+        return "\n".join(f"{name}: {value}" for name, value in results)
 
     def call(self, messages: Any, tools: list[dict] | None = None, callbacks: list[Any] | None = None,
              available_functions: dict[str, Any] | None = None, from_task: Any = None,
              from_agent: Any = None, response_model: Any = None) -> Any:
         msgs, episode, slot, sampling, info = self._prepare(messages, from_task, from_agent)
-        try:
-            out = self.policy.chat(msgs, tools or None, slot=slot, **sampling)
-        except PolicyError as exc:
-            if episode is not None:
-                episode.note_error(f"{type(exc).__name__}: {exc}")
-            raise
-        return self._finish(out, msgs, tools, episode, info, available_functions, response_model)
+        out = call_policy(self.policy, episode, msgs, tools or None, source="crewai",
+                          limits=self.limits, slot=slot, sampling=sampling, info=info)
+        return self._answer(out, episode, available_functions, response_model)
 
     async def acall(self, messages: Any, tools: list[dict] | None = None,
                     callbacks: list[Any] | None = None,
                     available_functions: dict[str, Any] | None = None, from_task: Any = None,
                     from_agent: Any = None, response_model: Any = None) -> Any:
         msgs, episode, slot, sampling, info = self._prepare(messages, from_task, from_agent)
-        try:
-            out = await self.policy.achat(msgs, tools or None, slot=slot, **sampling)
-        except PolicyError as exc:
-            if episode is not None:
-                episode.note_error(f"{type(exc).__name__}: {exc}")
-            raise
-        return self._finish(out, msgs, tools, episode, info, available_functions, response_model)
+        out = await acall_policy(self.policy, episode, msgs, tools or None, source="crewai",
+                                 limits=self.limits, slot=slot, sampling=sampling, info=info)
+        return self._answer(out, episode, available_functions, response_model)
 
 
 def wrap_crewai(obj: Any, policy: Policy) -> Any:

@@ -12,9 +12,7 @@ same compiled agent serves the second one; the agent is never rebuilt.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import time
 from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
 from langchain.agents.middleware import AgentMiddleware
@@ -27,8 +25,18 @@ from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field
 
-from forge_bridge.policy import Policy, PolicyError, PolicyOutput
-from forge_bridge.session import Episode, current_episode
+from forge_bridge.policy import Policy, PolicyOutput
+from forge_bridge.recording import (DEFAULT_MAX_MODEL_CALLS, DEFAULT_MAX_TOOL_OUTPUT_CHARS,
+                                    DEFAULT_TOOL_TIMEOUT_S, Limits, ToolOutcome, acall_policy, arun_tool, bound_output,
+                                    call_policy, record_tool_result, run_tool)
+from forge_bridge.session import current_episode, register_truncation
+
+try:  # LangGraph's own step limit ends an episode as truncated, not crashed
+    from langgraph.errors import GraphRecursionError
+
+    register_truncation(GraphRecursionError, "LangGraph's recursion limit")
+except ImportError:  # LCEL without LangGraph
+    pass
 
 
 # --------------------------------------------------------------------------- conversions
@@ -72,26 +80,13 @@ def to_ai_message(out: PolicyOutput, chunk: bool = False) -> AIMessage | AIMessa
                      response_metadata=metadata, usage_metadata=usage)
 
 
-def _record(episode: Episode | None, out: PolicyOutput, messages: list[dict],
-            tools: list[dict] | None) -> None:
-    if episode is None:
-        return
-    episode.record(out.to_transition(messages, tools, source="langchain"))
-    if out.action.parse_errors and not out.action.tool_calls:
-        # The agent stops here (no usable call): the episode ends as failed, with the reason.
-        # policy_fault: the model's own doing, so a trainer learns from it (reward it 0).
-        episode.fail("malformed tool call: " + out.action.parse_errors[0]["error"], policy_fault=True)
-
-
-@contextlib.contextmanager
-def _fail_episode_on_policy_error(episode: Episode | None) -> Iterator[None]:
-    """A model call that fails ends the episode as failed, with the reason, and still raises."""
-    try:
-        yield
-    except PolicyError as exc:
-        if episode is not None:
-            episode.fail(f"{type(exc).__name__}: {exc}")
-        raise
+def to_reply(out: PolicyOutput | None, chunk: bool = False) -> AIMessage | AIMessageChunk:
+    """The model's answer for the agent; no output (the step limit) is an empty final answer,
+    which ends the agent's tool loop."""
+    if out is not None:
+        return to_ai_message(out, chunk)
+    cls = AIMessageChunk if chunk else AIMessage
+    return cls(content="", response_metadata={"forge_bridge": "step limit"})
 
 
 # --------------------------------------------------------------------------- the chat model
@@ -107,6 +102,8 @@ class ForgeChatModel(BaseChatModel):
     """Completion length limit (None: the policy's default)."""
     seed: int | None = None
     """Sampling seed, for reproducible outputs."""
+    limits: Limits = Field(default_factory=Limits, exclude=True)
+    """Step limit per episode (and the tool limits the middleware applies)."""
 
     def __init__(self, policy: Policy | None = None, **kwargs: Any) -> None:
         if policy is not None:
@@ -135,33 +132,26 @@ class ForgeChatModel(BaseChatModel):
                   "seed": kwargs.get("seed", self.seed)}
         return {k: v for k, v in params.items() if v is not None}
 
-    def _prepare(self, messages: list[BaseMessage], kwargs: dict) -> tuple[list[dict], Any, Episode | None]:
-        return to_openai_messages(messages), kwargs.get("tools") or None, current_episode()
+    def _call(self, messages: list[BaseMessage], stop, kwargs) -> PolicyOutput | None:
+        return call_policy(self.policy, current_episode(), to_openai_messages(messages),
+                           kwargs.get("tools") or None, source="langchain", limits=self.limits,
+                           sampling=self._sampling(stop, kwargs))
 
-    def _call(self, messages: list[BaseMessage], stop, kwargs) -> PolicyOutput:
-        oa_messages, tools, episode = self._prepare(messages, kwargs)
-        with _fail_episode_on_policy_error(episode):
-            out = self.policy.chat(oa_messages, tools, **self._sampling(stop, kwargs))
-        _record(episode, out, oa_messages, tools)
-        return out
-
-    async def _acall(self, messages: list[BaseMessage], stop, kwargs) -> PolicyOutput:
-        oa_messages, tools, episode = self._prepare(messages, kwargs)
-        with _fail_episode_on_policy_error(episode):
-            out = await self.policy.achat(oa_messages, tools, **self._sampling(stop, kwargs))
-        _record(episode, out, oa_messages, tools)
-        return out
+    async def _acall(self, messages: list[BaseMessage], stop, kwargs) -> PolicyOutput | None:
+        return await acall_policy(self.policy, current_episode(), to_openai_messages(messages),
+                                  kwargs.get("tools") or None, source="langchain",
+                                  limits=self.limits, sampling=self._sampling(stop, kwargs))
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         out = self._call(messages, stop, kwargs)
-        return ChatResult(generations=[ChatGeneration(message=to_ai_message(out))])
+        return ChatResult(generations=[ChatGeneration(message=to_reply(out))])
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                          run_manager: AsyncCallbackManagerForLLMRun | None = None,
                          **kwargs: Any) -> ChatResult:
         out = await self._acall(messages, stop, kwargs)
-        return ChatResult(generations=[ChatGeneration(message=to_ai_message(out))])
+        return ChatResult(generations=[ChatGeneration(message=to_reply(out))])
 
     # The policy returns whole turns; streaming yields that turn as one chunk that keeps the
     # token ids in its response_metadata (what stream_mode="messages" consumers read).
@@ -169,18 +159,18 @@ class ForgeChatModel(BaseChatModel):
                 run_manager: CallbackManagerForLLMRun | None = None,
                 **kwargs: Any) -> Iterator[ChatGenerationChunk]:
         out = self._call(messages, stop, kwargs)
-        chunk = ChatGenerationChunk(message=to_ai_message(out, chunk=True))
+        chunk = ChatGenerationChunk(message=to_reply(out, chunk=True))
         if run_manager:
-            run_manager.on_llm_new_token(out.text, chunk=chunk)
+            run_manager.on_llm_new_token(chunk.text, chunk=chunk)
         yield chunk
 
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
         out = await self._acall(messages, stop, kwargs)
-        chunk = ChatGenerationChunk(message=to_ai_message(out, chunk=True))
+        chunk = ChatGenerationChunk(message=to_reply(out, chunk=True))
         if run_manager:
-            await run_manager.on_llm_new_token(out.text, chunk=chunk)
+            await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
         yield chunk
 
 
@@ -190,104 +180,69 @@ class ForgeMiddleware(AgentMiddleware):
 
     def __init__(self, policy: Policy, *, temperature: float | None = None,
                  max_tokens: int | None = None, handle_tool_errors: bool = True,
-                 max_model_calls: int | None = None, tool_timeout_s: float | None = None,
-                 max_tool_output_chars: int | None = 16000) -> None:
-        """`max_model_calls` ends an episode's tool loop after that many calls (recorded as
-        truncated); `tool_timeout_s` turns a hanging tool into an error the model sees;
-        `max_tool_output_chars` cuts huge tool results before they reach the model."""
+                 max_model_calls: int | None = DEFAULT_MAX_MODEL_CALLS,
+                 tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S,
+                 max_tool_output_chars: int | None = DEFAULT_MAX_TOOL_OUTPUT_CHARS) -> None:
+        """`max_model_calls` (default 25) ends an episode's tool loop after that many calls,
+        recorded as truncated; `tool_timeout_s` (default 60) turns a hanging tool into an error
+        the model sees; `max_tool_output_chars` (default 16,000) cuts huge tool results before
+        they reach the model. None turns a limit off."""
         super().__init__()
         if not isinstance(policy, Policy):
             raise TypeError(f"ForgeMiddleware(policy): expected a forge_bridge Policy "
                             f"(LocalPolicy, VLLMPolicy), got {type(policy).__name__}")
-        for name, value in (("max_model_calls", max_model_calls), ("max_tool_output_chars", max_tool_output_chars)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"ForgeMiddleware({name}): expected an int >= 1 or None, got {value!r}")
-        if tool_timeout_s is not None and (isinstance(tool_timeout_s, bool) or not isinstance(
-                tool_timeout_s, (int, float)) or tool_timeout_s <= 0):
-            raise ValueError(f"ForgeMiddleware(tool_timeout_s): expected a number > 0 or None, got {tool_timeout_s!r}")
+        try:
+            self.limits = Limits(max_model_calls, tool_timeout_s, max_tool_output_chars)
+        except ValueError as exc:
+            raise ValueError(f"ForgeMiddleware({exc}") from None
         self.policy = policy
         self.handle_tool_errors = handle_tool_errors
-        self.max_model_calls, self.tool_timeout_s = max_model_calls, tool_timeout_s
-        self.max_tool_output_chars = max_tool_output_chars
-        self.model = ForgeChatModel(policy, temperature=temperature, max_tokens=max_tokens)
+        self.model = ForgeChatModel(policy, temperature=temperature, max_tokens=max_tokens,
+                                    limits=self.limits)
 
     @property
     def name(self) -> str:
         return "ForgeMiddleware"
 
-    # model calls: the request's model is replaced for this call only
+    # model calls: the request's model is replaced for this call only (past the step limit it
+    # answers with an empty final message, which ends the loop before LangGraph's recursion error)
     def wrap_model_call(self, request: Any, handler: Callable) -> Any:
-        return self._step_limit() or handler(request.override(model=self.model))
+        return handler(request.override(model=self.model))
 
     async def awrap_model_call(self, request: Any, handler: Callable) -> Any:
-        return self._step_limit() or await handler(request.override(model=self.model))
-
-    def _step_limit(self) -> AIMessage | None:
-        """Past `max_model_calls` in this episode: end the agent's loop (an answer with no tool
-        call) and mark the episode truncated, instead of LangGraph's recursion error."""
-        episode = current_episode()
-        if self.max_model_calls is None or episode is None or len(episode.trajectory) < self.max_model_calls:
-            return None
-        episode.truncate(f"more than {self.max_model_calls} model calls")
-        return AIMessage(content="", response_metadata={"forge_bridge": "step limit"})
+        return await handler(request.override(model=self.model))
 
     # tool calls: timed, errors turned into error ToolMessages, recorded into their step
     def wrap_tool_call(self, request: Any, handler: Callable) -> Any:
-        from forge_bridge.timeouts import call_with_timeout
-
-        episode, t0 = current_episode(), time.perf_counter()
-        try:
-            result = call_with_timeout(handler, self.tool_timeout_s, request)
-        except Exception as exc:
-            return self._tool_failed(episode, request, exc, t0)
-        return self._tool_done(episode, request, result, t0)
+        return self._tool_message(request, run_tool(handler, self.limits.tool_timeout_s, request))
 
     async def awrap_tool_call(self, request: Any, handler: Callable) -> Any:
-        import asyncio
+        return self._tool_message(request, await arun_tool(handler, self.limits.tool_timeout_s, request))
 
-        episode, t0 = current_episode(), time.perf_counter()
-        try:
-            result = await asyncio.wait_for(handler(request), self.tool_timeout_s)
-        except asyncio.TimeoutError:
-            exc = TimeoutError(f"no answer within {self.tool_timeout_s} s")
-            return self._tool_failed(episode, request, exc, t0)
-        except Exception as exc:
-            return self._tool_failed(episode, request, exc, t0)
-        return self._tool_done(episode, request, result, t0)
-
-    def _tool_done(self, episode: Episode | None, request: Any, result: Any, t0: float) -> Any:
-        """Record the result; huge text is cut in what the model sees and in the record alike.
-        Returns what the agent gets."""
-        call = request.tool_call
-        record: dict = {}
+    def _tool_message(self, request: Any, outcome: ToolOutcome) -> Any:
+        """Record the outcome; returns what the agent gets (huge text cut in both alike)."""
+        call, episode = request.tool_call, current_episode()
+        result, extra = outcome.value, {}
+        if not outcome.ok:
+            record_tool_result(episode, call["id"], call["name"], content=None, error=outcome.error,
+                               latency_s=outcome.latency_s, args=call.get("args"))
+            if not self.handle_tool_errors:
+                raise outcome.exception
+            return ToolMessage(content=f"Error: {outcome.error}", tool_call_id=call["id"],
+                               name=call["name"], status="error")
         if isinstance(result, ToolMessage):
-            content = result.content  # LangChain already made text of bytes (an escaped literal)
-            if isinstance(content, str) and self.max_tool_output_chars and len(content) > self.max_tool_output_chars:
-                record["content_chars"] = len(content)
-                content = (content[:self.max_tool_output_chars] +
-                           f"\n[... {len(content) - self.max_tool_output_chars} more characters cut]")
-            if content is not result.content:
-                result = result.model_copy(update={"content": content})
+            if isinstance(result.content, str):  # LangChain already made text of bytes
+                content, full = bound_output(result.content, self.limits)
+                if full is not None:
+                    extra["content_chars"] = full
+                    result = result.model_copy(update={"content": content})
             text = result.text if hasattr(result, "text") else str(result.content)
-            record.update(content=text, status=result.status, error=text if result.status == "error" else None)
+            error = text if result.status == "error" else None
         else:  # a Command or another object: keep its shape for the trainer to inspect
-            record.update(content=repr(result)[:2000], status="success", error=None)
-        if episode is not None and not episode.finished:
-            episode.add_tool_result(call["id"], {"name": call["name"], "args": call.get("args"), **record,
-                                                 "latency_s": round(time.perf_counter() - t0, 4)})
+            text, error = repr(result)[:2000], None
+        record_tool_result(episode, call["id"], call["name"], content=text, error=error,
+                           latency_s=outcome.latency_s, args=call.get("args"), **extra)
         return result
-
-    def _tool_failed(self, episode: Episode | None, request: Any, exc: Exception, t0: float) -> Any:
-        call = request.tool_call
-        error = f"{type(exc).__name__}: {exc}"
-        if episode is not None and not episode.finished:
-            episode.add_tool_result(call["id"], {"name": call["name"], "args": call.get("args"),
-                                                 "content": None, "status": "error", "error": error,
-                                                 "latency_s": round(time.perf_counter() - t0, 4)})
-        if not self.handle_tool_errors:
-            raise exc
-        return ToolMessage(content=f"Error: {error}", tool_call_id=call["id"], name=call["name"],
-                           status="error")
 
 
 __all__ = ["ForgeChatModel", "ForgeMiddleware", "to_ai_message", "to_openai_messages"]

@@ -168,7 +168,7 @@ def run_tasks(agent: Any, tasks: list[Task], recorder: Any, *, greedy: bool, con
                 except fb.PolicyError:
                     raise
                 except Exception as exc:  # the agent stopped on its own error: a failed attempt
-                    ep.note_error(f"{type(exc).__name__}: {exc}")
+                    ep.mark_end("crashed", f"{type(exc).__name__}: {exc}")
                     passed = False
                 ep.reward(1.0 if passed else 0.0)
                 return passed
@@ -187,24 +187,12 @@ def rates(tasks: list[Task], passed: list[bool]) -> dict[str, float]:
     return out
 
 
-def set_aside(out: Path) -> Path | None:
-    """Move an earlier run out of the way (to `<out>-<its time>`), so a new run never mixes its
-    metrics and trajectories into it and nothing of it is lost."""
-    if not out.exists() or not any(out.iterdir()):
-        return None
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(out.stat().st_mtime))
-    earlier, n = out.with_name(f"{out.name}-{stamp}"), 1
-    while earlier.exists():
-        earlier, n = out.with_name(f"{out.name}-{stamp}-{n}"), n + 1
-    out.rename(earlier)
-    return earlier
-
-
 def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
     import torch
 
     import forge_bridge as fb
     from forge_bridge.plot import plot_run
+    from forge_bridge.runs import set_aside
     from forge_bridge.scripted_policy import ScriptedPolicy
     from forge_bridge.store import TrajectoryStore
     from forge_bridge.trainer.sft import supervised_finetune

@@ -26,8 +26,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from forge_bridge.policy import DEFAULT_SLOT, Policy, PolicyError, PolicyOutput
+from forge_bridge.recording import DEFAULT_MAX_MODEL_CALLS, Limits, call_policy
 from forge_bridge.session import Episode, EpisodeClosed, Recorder
-from forge_bridge.types import SchemaError
+from forge_bridge.types import END_REASONS, Action, SchemaError
 
 _EPISODE_PATH = re.compile(r"^/episodes/([A-Za-z0-9._-]{1,128})(/.*)$")
 MAX_BODY = 16 * 1024 * 1024
@@ -43,7 +44,11 @@ class Gateway:
     """`with Gateway(policy, recorder) as gw: ChatOpenAI(base_url=gw.base_url, ...)`"""
 
     def __init__(self, policy: Policy, recorder: Recorder | None = None, *, host: str = "127.0.0.1",
-                 port: int = 0, token: str | None = None, model_name: str = "forge") -> None:
+                 port: int = 0, token: str | None = None, model_name: str = "forge",
+                 max_model_calls: int | None = DEFAULT_MAX_MODEL_CALLS) -> None:
+        """`max_model_calls` (default 25; None: no limit): model calls one episode may make;
+        past it the agent gets an empty final answer and the episode is marked truncated."""
+        self.limits = Limits(max_model_calls=max_model_calls)
         self.policy = policy
         self.recorder = recorder or Recorder()
         self.token = token
@@ -101,7 +106,12 @@ class Gateway:
 
     def finish(self, episode_id: str, reward: float | None, status: str | None,
                error: str | None = None) -> dict:
-        """End an episode: with a reward, a status, or (the agent crashed) an error reason."""
+        """End an episode: with a reward, a status (`complete` or `truncated`, or an end reason
+        such as `truncated`), or (the agent crashed) an error reason."""
+        end = {"complete": "terminated", "failed": "crashed"}.get(status, status)
+        if end is not None and end not in END_REASONS:
+            raise ValueError(f"status: expected one of {sorted(set(END_REASONS) | {'complete', 'failed'})}, "
+                             f"got {status!r}")
         with self._lock:
             ep = self._episodes.get(episode_id)
             if ep is None and episode_id in self._ended:
@@ -110,7 +120,7 @@ class Gateway:
             raise KeyError(episode_id)
         if reward is not None:
             ep.reward(reward)
-        traj = ep.fail(str(error)) if error else ep.finish(status)
+        traj = ep.fail(str(error)) if error else ep.finish(end, detail="the agent said so")
         self._retire(episode_id, ep)
         return {"id": traj.id, "status": traj.status, "reward": traj.reward, "steps": len(traj)}
 
@@ -122,7 +132,10 @@ class Gateway:
                 self._ended.popitem(last=False)
 
     # ------------------------------------------------------------------ the call
-    def complete(self, body: dict, episode_id: str | None, headers: Any) -> tuple[dict, PolicyOutput]:
+    def complete(self, body: dict, episode_id: str | None, headers: Any) -> dict:
+        """One chat completion, recorded through the recording protocol. Past the episode's
+        step limit the answer is an empty final message (nothing is recorded; the episode is
+        marked truncated), so the agent's loop ends."""
         messages, tools = body.get("messages"), body.get("tools") or None
         sampling = {k: body.get(k) for k in ("temperature", "top_p", "max_tokens",
                                              "max_completion_tokens", "seed") if body.get(k) is not None}
@@ -134,24 +147,24 @@ class Gateway:
             ep.check_open()
             if isinstance(messages, list):
                 ep.attach_tool_results([m for m in messages if isinstance(m, dict)])
+        slot = body.get("model") if body.get("model") in self.policy.slots else DEFAULT_SLOT
         try:
-            slot = body.get("model") if body.get("model") in self.policy.slots else DEFAULT_SLOT
-            out = self.policy.chat(messages, tools, slot=slot, **sampling)
-        except (PolicyError, ValueError, TypeError) as exc:
-            ep.fail(f"{type(exc).__name__}: {exc}", messages=len(messages or []))
+            out = call_policy(self.policy, ep, messages, tools, source="gateway", limits=self.limits,
+                              slot=slot, sampling=sampling)
+        except (PolicyError, ValueError, TypeError) as exc:  # an outage, or the agent's bad request
+            ep.fail(f"{type(exc).__name__}: {exc}", "outage" if isinstance(exc, PolicyError) else "crashed",
+                    messages=len(messages or []))
             if episode_id is not None:
                 self._retire(episode_id, ep)
             raise
-        ep.record(out.to_transition(messages, tools, source="gateway"))
-        if out.action.parse_errors and not out.action.tool_calls:  # as the adapters do: the
-            ep.fail("malformed tool call: " + out.action.parse_errors[0]["error"], policy_fault=True)
-            if episode_id is not None:  # policy's own fault, kept and trained on with reward 0
-                self._retire(episode_id, ep)
         if episode_id is None:
             ep.finish()
-        return self._completion(body, out), out
+        return self._completion(body, out)
 
-    def _completion(self, body: dict, out: PolicyOutput) -> dict:
+    def _completion(self, body: dict, out: PolicyOutput | None) -> dict:
+        if out is None:
+            out = PolicyOutput(Action(content="", finish_reason="stop"), [], [], [], None,
+                               info={"forge_bridge": "step limit"})
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
             "created": int(time.time()), "model": body.get("model") or self.model_name,
@@ -261,7 +274,7 @@ class Gateway:
                 if path != "/v1/chat/completions":
                     return self._error(404, f"no route POST {path}")
                 try:
-                    completion, _ = gateway.complete(body, episode_id, self.headers)
+                    completion = gateway.complete(body, episode_id, self.headers)
                 except EpisodeClosed as exc:
                     return self._error(409, str(exc))
                 except PolicyError as exc:

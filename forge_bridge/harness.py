@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from forge_bridge.env import Environment
 from forge_bridge.policy import DEFAULT_SLOT, Policy
+from forge_bridge.recording import DEFAULT_MAX_MODEL_CALLS, Limits, call_policy
 from forge_bridge.session import Episode, Recorder, current_episode
 from forge_bridge.types import Action, Observation, Trajectory
 
@@ -50,16 +51,17 @@ class HarnessAgent:
     """Tool-calling loop: think -> tool call -> observe -> ... -> final answer."""
 
     def __init__(self, policy: Policy, env: Environment | Callable[[], Environment], *,
-                 system: str | None = None, max_steps: int = 8, slot: str = DEFAULT_SLOT,
-                 **sampling: Any) -> None:
+                 system: str | None = None, max_model_calls: int | None = DEFAULT_MAX_MODEL_CALLS,
+                 slot: str = DEFAULT_SLOT, **sampling: Any) -> None:
+        """`max_model_calls` (default 25; None: no limit) cuts an episode that goes on longer,
+        recorded as truncated; tool timeouts are the environment's (`ToolEnvironment`)."""
         if not isinstance(policy, Policy):
             raise TypeError(f"policy: expected a forge_bridge Policy, got {type(policy).__name__}")
         if not isinstance(env, Environment) and not callable(env):
             raise TypeError(f"env: expected an Environment or a function that makes one, got {type(env).__name__}")
-        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
-            raise ValueError(f"max_steps: expected an int >= 1, got {max_steps!r}")
+        self.limits = Limits(max_model_calls=max_model_calls)
         self.policy, self.env, self.system = policy, env, system
-        self.max_steps, self.slot, self.sampling = max_steps, slot, sampling
+        self.slot, self.sampling = slot, sampling
         self._shared_lock = threading.Lock()  # one episode at a time on a shared environment
 
     def __call__(self, task: Any) -> float:
@@ -93,13 +95,12 @@ class HarnessAgent:
         first = env.reset(task)
         messages = [{"role": "system", "content": self.system}] if self.system else []
         messages, tools = self._next_prompt(messages, first, env)
-        for _ in range(self.max_steps):
-            out = self.policy.chat(messages, tools, slot=self.slot, **self.sampling)
-            ep.record(out.to_transition(messages, tools, source="harness"))
-            if out.action.parse_errors and not out.action.tool_calls:
-                # the model's own fault: recorded and trained on (score 0), as the adapters do
-                ep.fail("the model wrote a malformed tool call: " + out.action.parse_errors[0]["error"],
-                        policy_fault=True)
+        while True:
+            out = call_policy(self.policy, ep, messages, tools, source="harness", limits=self.limits,
+                              slot=self.slot, sampling=self.sampling)
+            if out is None:  # the step limit: recorded as truncated
+                return 0.0
+            if out.action.malformed:  # recorded as the policy's fault; the loop stops, as an agent's does
                 return 0.0
             result = env.step(out.action)
             for call_id, outcome in result.info.get("tool_results", {}).items():
@@ -115,8 +116,6 @@ class HarnessAgent:
                 ep.step_reward(result.reward)
             messages, tools = self._next_prompt(messages + [assistant_message(out.action)],
                                                 result.observation, env)
-        ep.truncate(f"more than {self.max_steps} model calls")
-        return 0.0
 
     def _next_prompt(self, messages: list[dict], observation: Any, env: Environment
                      ) -> tuple[list[dict], list[dict] | None]:

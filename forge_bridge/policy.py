@@ -73,6 +73,8 @@ class PolicyOutput:
     """The adapter version that produced this output (None: the base model)."""
     latency_s: float = 0.0
     info: dict = field(default_factory=dict)
+    temperature: float | None = None
+    """The temperature the completion was sampled at (set by `Policy.chat`)."""
 
     @property
     def text(self) -> str:
@@ -100,7 +102,7 @@ class PolicyOutput:
                           prompt_token_ids=self.prompt_token_ids,
                           completion_token_ids=self.completion_token_ids,
                           completion_logprobs=self.completion_logprobs, adapter=self.adapter,
-                          truncated=self.action.finish_reason == "length",
+                          temperature=self.temperature,
                           info={"latency_s": round(self.latency_s, 4), **self.info, **info})
 
 
@@ -113,7 +115,8 @@ class Sampling:
     top_p: float = 1.0
     """Nucleus sampling mass."""
     max_tokens: int = 256
-    """Completion length limit; hitting it sets finish_reason 'length' (truncated)."""
+    """Completion length limit; hitting it sets finish_reason 'length' (the step is not
+    `truncated`: that flag means a limit cut the whole episode)."""
     seed: int | None = None
     """Seed for this call's sampling (reproducible outputs)."""
 
@@ -196,7 +199,7 @@ class Policy(abc.ABC):
         with self._use_current(slot) as adapter:
             t0 = time.perf_counter()
             out = self._chat(messages, tools, params, adapter)
-            out.latency_s = time.perf_counter() - t0
+            out.latency_s, out.temperature = time.perf_counter() - t0, float(params.temperature)
             return out
 
     async def achat(self, messages: list[dict], tools: list[dict] | None = None, *,
@@ -205,7 +208,7 @@ class Policy(abc.ABC):
         with self._use_current(slot) as adapter:
             t0 = time.perf_counter()
             out = await self._achat(messages, tools, params, adapter)
-            out.latency_s = time.perf_counter() - t0
+            out.latency_s, out.temperature = time.perf_counter() - t0, float(params.temperature)
             return out
 
     @abc.abstractmethod

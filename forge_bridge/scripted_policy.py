@@ -31,8 +31,9 @@ class ScriptedPolicy(Policy):
                                                     add_generation_prompt=True)
         prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
         text = self.script(messages, tools)
-        ids = self.tokenizer.encode(text, add_special_tokens=False)[: sampling.max_tokens - 1]
-        ended = len(ids) < sampling.max_tokens
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        ended = len(ids) < sampling.max_tokens  # room for the end-of-turn token too
+        ids = ids if ended else ids[:sampling.max_tokens]  # cut as a model hitting max_tokens is
         completion = ids + [self.tokenizer.eos_token_id] if ended else ids
         reply = self.tokenizer.decode(ids, skip_special_tokens=True)
         return PolicyOutput(action=parse_hermes(reply, "stop" if ended else "length"),

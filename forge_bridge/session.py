@@ -18,8 +18,27 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from forge_bridge.policy import PolicyError
 from forge_bridge.store import TrajectoryStore
-from forge_bridge.types import Trajectory, Transition
+from forge_bridge.types import STATUS_OF_END, Trajectory, Transition
+
+_END_RANK = {"truncated": 1, "policy_fault": 2, "crashed": 3, "outage": 4}
+"""An episode marked twice ends with the graver reason: an outage spoils a truncated episode."""
+
+_TRUNCATIONS: dict[type, str] = {}
+
+
+def register_truncation(exc_type: type[BaseException], what: str) -> None:
+    """An exception raised by a framework's own limit (LangGraph's recursion limit): an episode it
+    escapes from ends `truncated` (trained on) instead of `crashed`. Adapters register theirs."""
+    _TRUNCATIONS[exc_type] = what
+
+
+def end_reason_of(exc: BaseException) -> str:
+    """How an exception that escaped an episode ends it: truncated, outage or crashed."""
+    if isinstance(exc, tuple(_TRUNCATIONS)):
+        return "truncated"
+    return "outage" if isinstance(exc, PolicyError) else "crashed"
 
 _CURRENT: contextvars.ContextVar["Episode | None"] = contextvars.ContextVar(
     "forge_bridge_episode", default=None)
@@ -46,8 +65,9 @@ class Recorder:
         self.run_id = run_id
 
     def episode(self, task_id: str | None = None, group_id: str | None = None, *,
-                episode_id: str | None = None, metadata: dict | None = None) -> "Episode":
-        traj = Trajectory(task_id=task_id, group_id=group_id, run_id=self.run_id,
+                episode_id: str | None = None, metadata: dict | None = None,
+                run_id: str | None = None) -> "Episode":
+        traj = Trajectory(task_id=task_id, group_id=group_id, run_id=run_id or self.run_id,
                           metadata=dict(metadata or {}))
         if episode_id is not None:
             traj.id = episode_id
@@ -68,6 +88,7 @@ class Episode:
         self.parent = parent
         self._children: dict[str, Episode] = {}
         self._own_reward = False
+        self._end: tuple[str, str] | None = None  # (end reason, detail) marked before the end
 
     # ------------------------------------------------------------------ per-role trajectories
     def child(self, key: str, **metadata: Any) -> "Episode":
@@ -81,8 +102,8 @@ class Episode:
                 slug = re.sub(r"[^A-Za-z0-9_-]+", "-", key).strip("-")[:48] or "role"
                 traj = Trajectory(id=f"{self.id}.{slug}-{len(self._children)}",
                                   task_id=self._traj.task_id, group_id=self._traj.group_id,
-                                  run_id=self._traj.run_id,
-                                  metadata={"parent": self.id, "role": key, **metadata})
+                                  run_id=self._traj.run_id, role=key,
+                                  metadata={"parent": self.id, **metadata})
                 self.recorder.store.begin(traj)
                 ep = self._children[key] = Episode(self.recorder, traj, parent=self)
             return ep
@@ -165,9 +186,10 @@ class Episode:
         with self._lock:
             self._traj.reward = float(value)
             self._own_reward = True
-            if self.finished:  # e.g. an adapter ended it on a malformed call: keep the score too
-                self.recorder.store.finish(self.id, self._traj.status, reward=self._traj.reward,
-                                           metadata=self._traj.metadata)
+            if self.finished:  # e.g. scored after the agent stopped: keep the score too
+                self.recorder.store.finish(self.id, self._traj.end_reason, reward=self._traj.reward,
+                                           metadata=self._traj.metadata,
+                                           end_detail=self._traj.end_detail)
 
     def step_reward(self, value: float, step: int = -1) -> None:
         """A reward on one step (the latest by default), added to what it already has."""
@@ -178,43 +200,62 @@ class Episode:
         index = step % len(self._traj.transitions)
         self.update(index, lambda t: setattr(t, "reward", t.reward + float(value)))
 
-    def note_error(self, reason: str) -> None:
-        """Remember an error the framework may swallow or retry (a failed model call): the
-        episode then ends as failed unless told otherwise, with every reason in its metadata."""
+    def mark_end(self, reason: str, detail: str) -> None:
+        """Say how this episode will end, before it does (see `types.END_REASONS`): a limit cut
+        it (`truncated`), the model failed on its own (`policy_fault`), the policy was out
+        (`outage`), the agent crashed (`crashed`). Marked twice, the graver reason stays; an
+        outage or a crash also spoils the whole crew episode a role belongs to."""
+        if reason not in _END_RANK:
+            raise ValueError(f"mark_end: expected one of {sorted(_END_RANK)}, got {reason!r}")
         with self._lock:
-            self._traj.metadata.setdefault("errors", []).append(reason)
-        if self.parent is not None:
-            self.parent.note_error(reason)
+            if self._end is None or _END_RANK[reason] > _END_RANK[self._end[0]]:
+                self._end = (reason, str(detail))
+        if self.parent is not None and reason in ("outage", "crashed"):
+            self.parent.mark_end(reason, detail)
 
     def truncate(self, reason: str) -> None:
         """A limit (steps, time) cut the episode short: it ends as `truncated`, not failed, so
         a trainer still learns from it."""
+        self.mark_end("truncated", reason)
+
+    def fail(self, reason: str, end_reason: str = "crashed", **metadata: Any) -> Trajectory:
+        """End the episode now as failed, with why (default: the agent crashed)."""
+        self.mark_end(end_reason, reason)
+        return self.finish(**metadata)
+
+    @property
+    def end_reason(self) -> str | None:
+        """How the episode ended, or will end as marked so far (None: open, nothing marked)."""
         with self._lock:
-            self._traj.metadata["truncated"] = reason
+            return self._traj.end_reason if self.finished else (self._end or (None,))[0]
 
-    def fail(self, reason: str, **info: Any) -> Trajectory:
-        """End the episode as failed, with why (a policy outage, a crash in the agent)."""
-        return self.finish("failed", error=reason, **info)
-
-    def finish(self, status: str | None = None, **metadata: Any) -> Trajectory:
-        """Close the episode in the store; idempotent. Status defaults to `truncated` when the
-        last step hit a limit, else `complete`."""
+    def finish(self, end_reason: str | None = None, detail: str | None = None,
+               **metadata: Any) -> Trajectory:
+        """Close the episode in the store; idempotent. It ends as marked (`mark_end`), else as
+        `end_reason`, else `terminated`; its last step gets Gymnasium's `terminated` or
+        `truncated` flag to match. Roles (children) end with it, sharing its reward unless given
+        their own."""
+        if end_reason is not None and end_reason != "terminated":
+            self.mark_end(end_reason, detail or end_reason)
         with self._lock:
             if self.finished:
                 return self._traj
             for ep in self._children.values():
                 if not ep._own_reward and self._traj.reward is not None:
                     ep._traj.reward = self._traj.reward
-                ep.finish(status if status in ("failed", "truncated") else None, **metadata)
-            if status is None:
-                last = self._traj.transitions[-1] if self._traj.transitions else None
-                status = ("failed" if self._traj.metadata.get("errors") else
-                          "truncated" if self._traj.metadata.get("truncated") or
-                          (last is not None and last.truncated) else "complete")
+                if self._end is not None:
+                    ep.mark_end(*self._end)
+                ep.finish(**metadata)
+            reason, why = self._end or ("terminated", None)
+            last = len(self._traj.transitions) - 1
+            if last >= 0 and reason != "outage" and reason != "crashed":
+                flag = "truncated" if reason == "truncated" else "terminated"
+                self.update(last, lambda t: setattr(t, flag, True))
             self._traj.metadata.update(metadata)
-            self.recorder.store.finish(self.id, status, reward=self._traj.reward,
-                                       metadata=self._traj.metadata)
-            self._traj.status = status
+            self.recorder.store.finish(self.id, reason, reward=self._traj.reward,
+                                       metadata=self._traj.metadata, end_detail=why)
+            self._traj.end_reason, self._traj.end_detail = reason, why
+            self._traj.status = STATUS_OF_END[reason]
             self.finished = True
             return self._traj
 
@@ -233,9 +274,10 @@ class Episode:
             _CURRENT.reset(self._token)
             self._token = None
         if exc is not None and not self.finished:
-            self.fail(f"{exc_type.__name__}: {exc}")
-        else:
-            self.finish()
+            reason = end_reason_of(exc)
+            what = _TRUNCATIONS.get(type(exc), exc_type.__name__) if reason == "truncated" else exc_type.__name__
+            self.mark_end(reason, f"{what}: {exc}")
+        self.finish()
 
 
 def current_episode() -> Episode | None:

@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from forge_bridge.types import (SCHEMA_VERSION, STATUSES, SchemaError, Trajectory, _finite,
-                                TrajectoryGroup, Transition)
+from forge_bridge.types import (END_REASONS, SCHEMA_VERSION, STATUS_OF_END, SchemaError, Trajectory,
+                                TrajectoryGroup, Transition, _finite, migrate_v1_head,
+                                migrate_v1_steps)
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -29,7 +30,8 @@ CREATE TABLE IF NOT EXISTS trajectories (
     reward REAL,
     metadata TEXT NOT NULL,
     created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    end_reason TEXT, end_detail TEXT, role TEXT, excluded TEXT
 );
 CREATE TABLE IF NOT EXISTS transitions (
     trajectory_id TEXT NOT NULL REFERENCES trajectories(id),
@@ -43,6 +45,10 @@ CREATE INDEX IF NOT EXISTS trajectories_task ON trajectories(task_id);
 CREATE INDEX IF NOT EXISTS trajectories_group ON trajectories(group_id);
 CREATE INDEX IF NOT EXISTS transitions_adapter ON transitions(adapter);
 """
+_HEAD = ("id", "run_id", "task_id", "group_id", "status", "reward", "metadata", "created_at",
+         "updated_at", "end_reason", "end_detail", "role", "excluded")
+_INSERT_HEAD = f"INSERT INTO trajectories ({', '.join(_HEAD)}) VALUES ({','.join('?' * len(_HEAD))})"
+_V1_COLUMNS = ("end_reason", "end_detail", "role", "excluded")
 
 
 class StoreError(RuntimeError):
@@ -67,13 +73,44 @@ class TrajectoryStore:
             if row is None:
                 self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
                                  (str(SCHEMA_VERSION),))
+            elif int(row[0]) == 1:
+                self._migrate_v1()
             elif int(row[0]) != SCHEMA_VERSION:
                 raise StoreError(f"trajectory store {self.path} has schema version {row[0]}; "
-                                 f"this forge-bridge reads version {SCHEMA_VERSION}")
+                                 f"this forge-bridge reads versions 1 and {SCHEMA_VERSION}")
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open trajectory store at {self.path}: {exc}. "
                              "Pick a writable path (store=...).") from None
         self._lock = threading.Lock()
+
+    def _migrate_v1(self) -> None:
+        """Version 1 kept the end reason, role and truncation in metadata, and used a step's
+        `truncated` for "hit max_tokens": move them to typed columns and Gymnasium's flags, in
+        one transaction (a crash leaves the store at version 1, to be migrated again)."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            have = {r[1] for r in db.execute("PRAGMA table_info(trajectories)")}
+            for column in _V1_COLUMNS:
+                if column not in have:
+                    db.execute(f"ALTER TABLE trajectories ADD COLUMN {column} TEXT")
+            rows = db.execute("SELECT id, status, metadata FROM trajectories").fetchall()
+            for tid, status, metadata in rows:
+                head = migrate_v1_head(status, json.loads(metadata))
+                db.execute("UPDATE trajectories SET end_reason = ?, end_detail = ?, role = ?, "
+                           "metadata = ? WHERE id = ?", (head["end_reason"], head["end_detail"],
+                                                         head["role"], json.dumps(head["metadata"]), tid))
+                steps = db.execute("SELECT step, data FROM transitions WHERE trajectory_id = ? "
+                                   "ORDER BY step", (tid,)).fetchall()
+                fixed = migrate_v1_steps([json.loads(d) for _, d in steps], head["end_reason"])
+                for (step, _), data in zip(steps, fixed):
+                    db.execute("UPDATE transitions SET data = ? WHERE trajectory_id = ? AND step = ?",
+                               (json.dumps(data), tid, step))
+            db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     # ------------------------------------------------------------------ writing
     def _write(self, what: str, statements: Iterable[tuple[str, tuple]]) -> list[Any]:
@@ -96,14 +133,17 @@ class TrajectoryStore:
 
     def begin(self, trajectory: Trajectory) -> None:
         """Create the trajectory row (status as given, normally `incomplete`) and its steps so far."""
-        now = time.time()
-        stmts = [("INSERT INTO trajectories VALUES (?,?,?,?,?,?,?,?,?)",
-                  (trajectory.id, trajectory.run_id, trajectory.task_id, trajectory.group_id,
-                   trajectory.status, trajectory.reward, json.dumps(trajectory.metadata), now, now))]
-        stmts += [self._insert_step(trajectory.id, i, t) for i, t in enumerate(trajectory.transitions)]
+        stmts = self._insert(trajectory)
         self._write(f"recording trajectory {trajectory.id}", stmts)
 
     add = begin
+
+    @classmethod
+    def _insert(cls, t: Trajectory) -> list[tuple[str, tuple]]:
+        now = time.time()
+        return [(_INSERT_HEAD, (t.id, t.run_id, t.task_id, t.group_id, t.status, t.reward,
+                                json.dumps(t.metadata), now, now, t.end_reason, t.end_detail, t.role,
+                                t.excluded))] + [cls._insert_step(t.id, i, s) for i, s in enumerate(t.transitions)]
 
     @staticmethod
     def _insert_step(trajectory_id: str, step: int, t: Transition) -> tuple[str, tuple]:
@@ -131,11 +171,12 @@ class TrajectoryStore:
         if row is None:
             raise StoreError(f"trajectory {trajectory_id} has no step {step}")
 
-    def finish(self, trajectory_id: str, status: str, reward: float | None = None,
-               metadata: dict | None = None) -> None:
-        """Close an episode: set its status, outcome reward and (merged) metadata."""
-        if status not in STATUSES:
-            raise SchemaError(f"status: expected one of {STATUSES}, got {status!r}")
+    def finish(self, trajectory_id: str, end_reason: str, reward: float | None = None,
+               metadata: dict | None = None, end_detail: str | None = None) -> None:
+        """Close an episode: its end reason (and the status that goes with it), outcome reward
+        and (merged) metadata."""
+        if end_reason not in END_REASONS:
+            raise SchemaError(f"end_reason: expected one of {END_REASONS}, got {end_reason!r}")
         if reward is not None:
             reward = _finite("reward", reward)
         with self._lock:
@@ -145,8 +186,18 @@ class TrajectoryStore:
             raise StoreError(f"no trajectory {trajectory_id} in {self.path}")
         merged = {**json.loads(row[0]), **(metadata or {})}
         self._write(f"finishing trajectory {trajectory_id}", [(
-            "UPDATE trajectories SET status = ?, reward = ?, metadata = ?, updated_at = ? "
-            "WHERE id = ?", (status, reward, json.dumps(merged), time.time(), trajectory_id))])
+            "UPDATE trajectories SET status = ?, end_reason = ?, end_detail = ?, reward = ?, "
+            "metadata = ?, updated_at = ? WHERE id = ?",
+            (STATUS_OF_END[end_reason], end_reason, end_detail, reward, json.dumps(merged),
+             time.time(), trajectory_id))])
+
+    def exclude(self, trajectory_ids: Iterable[str], reason: str) -> int:
+        """Mark trajectories never to be trained on, with why; they stay stored. Returns how many."""
+        ids = list(trajectory_ids)
+        self._write("excluding trajectories", [
+            ("UPDATE trajectories SET excluded = ?, updated_at = ? WHERE id = ?", (reason, time.time(), i))
+            for i in ids])
+        return len(ids)
 
     # ------------------------------------------------------------------ reading
     def _select_ids(self, run_id: str | None, task_id: str | None, group_id: str | None,
@@ -172,8 +223,8 @@ class TrajectoryStore:
     def get(self, trajectory_id: str) -> Trajectory:
         with self._lock:
             head = self._db.execute(
-                "SELECT id, run_id, task_id, group_id, status, reward, metadata FROM trajectories "
-                "WHERE id = ?", (trajectory_id,)).fetchone()
+                "SELECT id, run_id, task_id, group_id, status, reward, metadata, end_reason, "
+                "end_detail, role, excluded FROM trajectories WHERE id = ?", (trajectory_id,)).fetchone()
             steps = self._db.execute(
                 "SELECT data FROM transitions WHERE trajectory_id = ? ORDER BY step",
                 (trajectory_id,)).fetchall()
@@ -181,6 +232,7 @@ class TrajectoryStore:
             raise KeyError(f"no trajectory {trajectory_id} in {self.path}")
         return Trajectory(id=head[0], run_id=head[1], task_id=head[2], group_id=head[3],
                           status=head[4], reward=head[5], metadata=json.loads(head[6]),
+                          end_reason=head[7], end_detail=head[8], role=head[9], excluded=head[10],
                           transitions=[Transition.from_dict(json.loads(s[0])) for s in steps])
 
     def iter(self, *, run_id: str | None = None, task_id: str | None = None,
@@ -225,7 +277,8 @@ class TrajectoryStore:
         import pyarrow.parquet as pq
 
         rows: dict[str, list] = {k: [] for k in (
-            "trajectory_id", "run_id", "task_id", "group_id", "status", "final_reward", "step",
+            "trajectory_id", "run_id", "task_id", "group_id", "status", "end_reason", "role",
+            "excluded", "final_reward", "step",
             "adapter", "reward", "terminated", "truncated", "prompt_token_ids",
             "completion_token_ids", "completion_logprobs", "observation", "action", "info")}
         for traj in self.iter(**filters):
@@ -233,7 +286,9 @@ class TrajectoryStore:
                 for key, value in (
                         ("trajectory_id", traj.id), ("run_id", traj.run_id),
                         ("task_id", traj.task_id), ("group_id", traj.group_id),
-                        ("status", traj.status), ("final_reward", traj.reward), ("step", step),
+                        ("status", traj.status), ("end_reason", traj.end_reason),
+                        ("role", traj.role), ("excluded", traj.excluded),
+                        ("final_reward", traj.reward), ("step", step),
                         ("adapter", t.adapter), ("reward", t.reward),
                         ("terminated", t.terminated), ("truncated", t.truncated),
                         ("prompt_token_ids", t.prompt_token_ids),
@@ -245,7 +300,8 @@ class TrajectoryStore:
                     rows[key].append(value)
         schema = pa.schema([
             ("trajectory_id", pa.string()), ("run_id", pa.string()), ("task_id", pa.string()),
-            ("group_id", pa.string()), ("status", pa.string()), ("final_reward", pa.float64()),
+            ("group_id", pa.string()), ("status", pa.string()), ("end_reason", pa.string()),
+            ("role", pa.string()), ("excluded", pa.string()), ("final_reward", pa.float64()),
             ("step", pa.int32()), ("adapter", pa.string()), ("reward", pa.float64()),
             ("terminated", pa.bool_()), ("truncated", pa.bool_()),
             ("prompt_token_ids", pa.list_(pa.int32())), ("completion_token_ids", pa.list_(pa.int32())),
@@ -268,13 +324,7 @@ class TrajectoryStore:
                     parsed.append(Trajectory.from_json(line))
                 except SchemaError as exc:
                     raise SchemaError(f"{path}, line {lineno}: {exc}") from None
-        now = time.time()
-        stmts = []
-        for t in parsed:
-            stmts.append(("INSERT INTO trajectories VALUES (?,?,?,?,?,?,?,?,?)",
-                          (t.id, t.run_id, t.task_id, t.group_id, t.status, t.reward,
-                           json.dumps(t.metadata), now, now)))
-            stmts += [self._insert_step(t.id, i, s) for i, s in enumerate(t.transitions)]
+        stmts = [stmt for t in parsed for stmt in self._insert(t)]
         self._write(f"importing {path}", stmts)
         return len(parsed)
 

@@ -15,11 +15,28 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 1
-"""Version of the JSON layout written by `to_dict`; bumped on any incompatible change."""
+SCHEMA_VERSION = 2
+"""Version of the JSON layout written by `to_dict`; bumped on any incompatible change. Version 1
+(end reason, role and truncation kept as `metadata` keys; `Transition.truncated` meaning "hit
+max_tokens") is read and migrated by `Trajectory.from_dict` and the store."""
 
 STATUSES = ("incomplete", "complete", "failed", "truncated")
 """`incomplete`: the episode was never closed (still running, or its process died)."""
+
+END_REASONS = ("terminated", "truncated", "policy_fault", "outage", "crashed")
+"""Why an episode ended, as the trainer reads it:
+- `terminated`: the task ended (a final answer, an end state); trained on.
+- `truncated`: a limit cut it (steps, recursion, time, context); trained on with its reward.
+- `policy_fault`: the model's own failure (a malformed tool call); trained on, reward 0 if unscored.
+- `outage`: the policy could not answer (server down, unusable reply); never trained on.
+- `crashed`: the agent or the rollout code raised; never trained on."""
+
+STATUS_OF_END = {"terminated": "complete", "truncated": "truncated", "policy_fault": "failed",
+                 "outage": "failed", "crashed": "failed"}
+"""The coarse status each end reason is stored under."""
+
+TRAINABLE_ENDS = ("terminated", "truncated", "policy_fault")
+"""End reasons whose trajectories carry the policy's own behaviour (see END_REASONS)."""
 
 
 class SchemaError(ValueError):
@@ -142,6 +159,11 @@ class Action:
         if not isinstance(self.parse_errors, list) or not all(isinstance(e, dict) for e in self.parse_errors):
             raise _fail("Action.parse_errors", "a list of objects", self.parse_errors)
 
+    @property
+    def malformed(self) -> bool:
+        """The model tried to call a tool and no call was usable: the agent cannot go on."""
+        return bool(self.parse_errors) and not self.tool_calls
+
     def to_dict(self) -> dict:
         return {"content": self.content, "tool_calls": [tc.to_openai() for tc in self.tool_calls],
                 "finish_reason": self.finish_reason, "parse_errors": self.parse_errors}
@@ -203,9 +225,14 @@ class Transition:
     adapter: str | None = None
     reward: float = 0.0
     terminated: bool = False
+    """Gymnasium's meaning: the last step of an episode whose task ended."""
     truncated: bool = False
+    """Gymnasium's meaning: the last step of an episode a limit cut short (a completion that hit
+    max_tokens is `action.finish_reason == "length"`, not this)."""
     info: dict = field(default_factory=dict)
     timestamp: float = field(default_factory=time.time)
+    temperature: float | None = None
+    """The sampling temperature the completion was drawn at (None: not known)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.observation, dict):
@@ -229,6 +256,12 @@ class Transition:
         _bool("Transition.truncated", self.truncated)
         _dict("Transition.info", self.info)
         self.timestamp = _finite("Transition.timestamp", self.timestamp)
+        if self.temperature is not None:
+            self.temperature = _finite("Transition.temperature", self.temperature)
+            if self.temperature < 0:
+                raise _fail("Transition.temperature", "a number >= 0 or null", self.temperature)
+        if self.terminated and self.truncated:
+            raise SchemaError("Transition.terminated/truncated: a step cannot be both")
 
     @property
     def has_tokens(self) -> bool:
@@ -241,7 +274,7 @@ class Transition:
             "prompt_token_ids": self.prompt_token_ids, "completion_token_ids": self.completion_token_ids,
             "completion_logprobs": self.completion_logprobs, "adapter": self.adapter,
             "reward": self.reward, "terminated": self.terminated, "truncated": self.truncated,
-            "info": self.info, "timestamp": self.timestamp,
+            "info": self.info, "timestamp": self.timestamp, "temperature": self.temperature,
         }
 
     @classmethod
@@ -250,7 +283,7 @@ class Transition:
             raise _fail("Transition", "an object", data)
         known = {"observation", "action", "prompt_token_ids", "completion_token_ids",
                  "completion_logprobs", "adapter", "reward", "terminated", "truncated", "info",
-                 "timestamp"}
+                 "timestamp", "temperature"}
         unknown = set(data) - known
         if unknown:
             raise SchemaError(f"Transition: unknown field(s) {sorted(unknown)}")
@@ -267,7 +300,13 @@ def new_id() -> str:
 
 @dataclass
 class Trajectory:
-    """One episode: the transitions of one agent run on one task, and how it ended."""
+    """One episode: the transitions of one agent run on one task, and how it ended.
+
+    What the trainer decides on is typed: `end_reason` (see END_REASONS), `role` (a crew
+    participant, trained apart), `excluded` (a reason never to train on it, e.g. an iteration
+    interrupted and re-run on resume). `status` is the coarse view of `end_reason`; giving only
+    one of the two fills in the other.
+    """
 
     transitions: list[Transition] = field(default_factory=list)
     id: str = field(default_factory=new_id)
@@ -277,16 +316,34 @@ class Trajectory:
     reward: float | None = None
     status: str = "incomplete"
     metadata: dict = field(default_factory=dict)
+    end_reason: str | None = None
+    """Why the episode ended (None while it is open)."""
+    end_detail: str | None = None
+    """The human-readable why: the limit hit, the error raised."""
+    role: str | None = None
+    """The participant whose steps these are (a CrewAI role), or None for a single agent."""
+    excluded: str | None = None
+    """Why the trainer must never train on this trajectory (None: nothing against it)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
             raise _fail("Trajectory.id", "a non-empty string", self.id)
-        for name in ("task_id", "group_id", "run_id"):
+        for name in ("task_id", "group_id", "run_id", "end_detail", "role", "excluded"):
             _opt_str(f"Trajectory.{name}", getattr(self, name))
         if self.reward is not None:
             self.reward = _finite("Trajectory.reward", self.reward)
         if self.status not in STATUSES:
             raise _fail("Trajectory.status", f"one of {STATUSES}", self.status)
+        if self.end_reason is not None and self.end_reason not in END_REASONS:
+            raise _fail("Trajectory.end_reason", f"one of {END_REASONS} or null", self.end_reason)
+        if self.end_reason is None and self.status != "incomplete":
+            self.end_reason = {"complete": "terminated", "truncated": "truncated",
+                               "failed": "crashed"}[self.status]
+        elif self.end_reason is not None and self.status == "incomplete":
+            self.status = STATUS_OF_END[self.end_reason]
+        elif self.end_reason is not None and STATUS_OF_END[self.end_reason] != self.status:
+            raise SchemaError(f"Trajectory.status: {self.status!r} does not go with end_reason "
+                              f"{self.end_reason!r} (expected {STATUS_OF_END[self.end_reason]!r})")
         _dict("Trajectory.metadata", self.metadata)
         if not isinstance(self.transitions, list):
             raise _fail("Trajectory.transitions", "a list", self.transitions)
@@ -312,11 +369,23 @@ class Trajectory:
     def adapters(self) -> set[str | None]:
         return {t.adapter for t in self.transitions}
 
+    @property
+    def trainable(self) -> bool:
+        """Ended, by the policy's own doing (TRAINABLE_ENDS), and not excluded."""
+        return self.end_reason in TRAINABLE_ENDS and self.excluded is None
+
+    @property
+    def temperature(self) -> float | None:
+        """The behaviour temperature, when every step was sampled at the same known one."""
+        temps = {t.temperature for t in self.transitions}
+        return temps.pop() if len(temps) == 1 else None
+
     def to_dict(self) -> dict:
         return {
             "schema_version": SCHEMA_VERSION, "id": self.id, "task_id": self.task_id,
             "group_id": self.group_id, "run_id": self.run_id, "reward": self.reward,
-            "status": self.status, "metadata": self.metadata,
+            "status": self.status, "end_reason": self.end_reason, "end_detail": self.end_detail,
+            "role": self.role, "excluded": self.excluded, "metadata": self.metadata,
             "transitions": [t.to_dict() for t in self.transitions],
         }
 
@@ -328,12 +397,15 @@ class Trajectory:
         if not isinstance(data, dict):
             raise _fail("Trajectory", "an object", data)
         version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if version == 1:
+            data = migrate_v1(data)
+        elif version != SCHEMA_VERSION:
             raise SchemaError(
-                f"Trajectory.schema_version: this forge-bridge reads version {SCHEMA_VERSION}, "
+                f"Trajectory.schema_version: this forge-bridge reads versions 1 and {SCHEMA_VERSION}, "
                 f"got {version!r}")
         fields_ = {k: v for k, v in data.items() if k != "schema_version"}
-        known = {"id", "task_id", "group_id", "run_id", "reward", "status", "metadata", "transitions"}
+        known = {"id", "task_id", "group_id", "run_id", "reward", "status", "metadata", "transitions",
+                 "end_reason", "end_detail", "role", "excluded"}
         unknown = set(fields_) - known
         if unknown:
             raise SchemaError(f"Trajectory: unknown field(s) {sorted(unknown)}")
@@ -346,6 +418,49 @@ class Trajectory:
         except json.JSONDecodeError as exc:
             raise SchemaError(f"Trajectory: not valid JSON ({exc})") from None
         return cls.from_dict(data)
+
+
+_OUTAGE_ERRORS = ("PolicyError", "PolicyUnavailable", "PolicyResponseError")
+
+
+def migrate_v1_head(status: str, metadata: dict) -> dict:
+    """A version-1 trajectory's typed fields, from the metadata keys version 1 kept them in."""
+    metadata = dict(metadata)
+    role = metadata.pop("role", None)
+    fault = metadata.pop("policy_fault", None)
+    truncated = metadata.pop("truncated", None)
+    errors = metadata.pop("errors", None) or []
+    error = metadata.pop("error", None)
+    end, detail = {"complete": ("terminated", None), "incomplete": (None, None),
+                   "truncated": ("truncated", truncated), "failed": ("crashed", None)}[status]
+    if status == "failed":
+        detail = str(error if error is not None else (errors[0] if errors else "failed"))
+        end = ("policy_fault" if fault else
+               "outage" if detail.split(":")[0].strip() in _OUTAGE_ERRORS else "crashed")
+    if errors and status != "failed":
+        metadata["errors"] = errors
+    return {"end_reason": end, "end_detail": None if detail is None else str(detail),
+            "role": None if role is None else str(role), "metadata": metadata}
+
+
+def migrate_v1_steps(steps: list[dict], end_reason: str | None) -> list[dict]:
+    """Version-1 steps: `truncated` meant "hit max_tokens" (kept as the finish reason); the last
+    step gets Gymnasium's flags from how the episode ended."""
+    steps = [{**s, "truncated": False, "terminated": False} for s in steps]
+    if steps and end_reason in ("terminated", "policy_fault"):
+        steps[-1]["terminated"] = True
+    elif steps and end_reason == "truncated":
+        steps[-1]["truncated"] = True
+    return steps
+
+
+def migrate_v1(data: dict) -> dict:
+    """A version-1 trajectory dict in the current layout."""
+    head = migrate_v1_head(data.get("status", "incomplete"), data.get("metadata") or {})
+    steps = data.get("transitions") or []
+    if isinstance(steps, list) and all(isinstance(s, dict) for s in steps):
+        steps = migrate_v1_steps(steps, head["end_reason"])
+    return {**data, **head, "schema_version": SCHEMA_VERSION, "transitions": steps}
 
 
 @dataclass

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from forge_bridge.atomic import write_dir
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
@@ -35,10 +35,7 @@ def _optimizer_state(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
 
 def save(root: Path, iteration: int, model: Any, optimizer: torch.optim.Optimizer,
          extra_modules: dict[str, torch.nn.Module], state: dict) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"it-{iteration:05d}"
-    tmp = Path(tempfile.mkdtemp(prefix=".ckpt-", dir=root))
-    try:
+    def write(tmp: Path) -> None:
         model.save_pretrained(str(tmp / "adapter"), safe_serialization=True)
         tensors, meta = _optimizer_tensors(optimizer)
         save_file(tensors, str(tmp / "optimizer.safetensors"))
@@ -49,11 +46,8 @@ def save(root: Path, iteration: int, model: Any, optimizer: torch.optim.Optimize
         (tmp / "state.json").write_text(json.dumps({
             **state, "iteration": iteration, "optimizer": meta,
             "python_random": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]]}))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    final = write_dir(root / f"it-{iteration:05d}", write)
     pointer = root / ".latest.tmp"
     pointer.write_text(final.name)
     os.replace(pointer, root / "latest")

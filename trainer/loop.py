@@ -21,15 +21,16 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from forge_bridge.policy import Policy, PolicyError
-from forge_bridge.session import Recorder, episode
+from forge_bridge import runs
+from forge_bridge.policy import Policy
+from forge_bridge.session import Recorder
 from forge_bridge.trainer import checkpoint
 from forge_bridge.trainer.advantages import discounted_returns, step_rewards
 from forge_bridge.trainer.batch import BatchStats, Sample, build_samples, collate
 from forge_bridge.trainer.config import TrainerConfig
 from forge_bridge.trainer.lora import attach_lora, save_adapter, token_logprobs
 from forge_bridge.trainer.losses import aggregate, clipped_policy_loss, kl_k3
-from forge_bridge.types import Trajectory
+from forge_bridge.types import END_REASONS, Trajectory
 
 Rollout = Callable[[Any], float]
 """Runs the agent on one task inside the episode the trainer opened; returns the reward."""
@@ -86,7 +87,12 @@ class Trainer:
         self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
         self.reference: Any = None
         """The frozen KL reference model (None: the base model, adapter disabled)."""
-        self.recorder = recorder or Recorder(self.out / "trajectories.db", run_id=config.run_name)
+        self.previous_run = runs.holds_run(self.out)
+        """The folder held a run when this trainer was made: train() resumes it or refuses."""
+        self.run_id = (runs.read_run_id(self.out, config.run_name) if self.previous_run
+                       else runs.new_run(self.out, config.run_name))
+        """Keys every trajectory, group id and metrics line of this run."""
+        self.recorder = recorder or Recorder(self.out / "trajectories.db", run_id=self.run_id)
         self.iteration = 0
         self.history: list[dict] = []
         self._tb = None
@@ -138,6 +144,8 @@ class Trainer:
                 raise ValueError("tasks: expected at least one task")
         if resume:
             self.resume()
+        elif self.previous_run and self.iteration == 0:
+            raise runs.refuse(self.out, self.run_id)
         bar = tqdm(range(self.iteration, iterations), desc="training", unit="it",
                    disable=not self.config.progress, initial=self.iteration, total=iterations)
         for it in bar:
@@ -174,29 +182,38 @@ class Trainer:
 
     def collect(self, rollout: Rollout, tasks: list[tuple[str, Any]], it: int
                 ) -> tuple[dict[tuple, list[Trajectory]], dict]:
-        """Run the rollouts of one iteration; returns trainable trajectories by group."""
+        """Run the rollouts of one iteration; returns its trainable trajectories by (group, role).
+
+        Exactly the episodes opened here are read back (a resumed iteration's earlier attempt
+        never mixes in); what is trained on is decided by each trajectory's typed end reason:
+        terminated, truncated (a step or recursion limit: reward 0 unless scored) and the
+        policy's own faults are; outages, crashes and unfinished episodes are not, and are
+        counted."""
         from tqdm.auto import tqdm
 
-        jobs = [(tid, task, f"{self.config.run_name}-it{it + 1}-{tid}")
+        jobs = [(tid, task, f"{self.run_id}-it{it + 1}-{tid}")
                 for tid, task in tasks for _ in range(self.config.group_size)]
 
         bad_rewards: list[str] = []  # the reward function's bugs: always reported
         crashes: list[str] = []  # the agent crashed on a task: skipped, unless every rollout did
+        opened: list[str] = []  # trajectory ids, a crew's roles included
 
         def one(tid: str, task: Any, group: str) -> None:
+            ep = self.recorder.episode(tid, group, run_id=self.run_id, metadata={"iteration": it + 1})
             try:
-                with episode(tid, group, recorder=self.recorder, metadata={"iteration": it + 1}) as ep:
+                with ep:
                     value = rollout(task)
                     try:
                         ep.reward(check_reward(value))
                     except ValueError as exc:
                         raise RolloutError(f"task {tid!r}: {exc}") from None
-            except RolloutError as exc:  # recorded as failed (above); reported after the iteration
+            except RolloutError as exc:  # recorded as crashed (above); reported after the iteration
                 bad_rewards.append(str(exc))
-            except PolicyError:  # an outage: recorded as failed with the reason, skipped below
-                pass
-            except Exception as exc:
-                crashes.append(f"task {tid!r}: the rollout raised {type(exc).__name__}: {exc}")
+            except Exception as exc:  # recorded with its end reason by the episode
+                if ep.end_reason == "crashed":
+                    crashes.append(f"task {tid!r}: the rollout raised {type(exc).__name__}: {exc}")
+            finally:  # a crew's steps live in its roles' trajectories
+                opened.extend([child.id for child in ep.children.values()] or [ep.id])
 
         with ThreadPoolExecutor(self.config.concurrency) as pool:
             futures = [pool.submit(one, *job) for job in jobs]
@@ -205,33 +222,34 @@ class Trainer:
                 f.result()
         if bad_rewards:
             raise RolloutError(f"iteration {it + 1}: {bad_rewards[0]} ({len(bad_rewards)} rollout(s) "
-                              "affected; their trajectories are stored as failed, nothing was trained)")
+                              "affected; their trajectories are stored as crashed, nothing was trained)")
         if len(crashes) == len(jobs):
             raise RolloutError(f"iteration {it + 1}: every rollout raised, e.g. {crashes[0]} "
-                              "(trajectories stored as failed, nothing was trained)")
+                              "(trajectories stored as crashed, nothing was trained)")
         groups: dict[tuple, list[Trajectory]] = {}
-        skipped = {"failed": 0, "incomplete": 0}
+        ends = {reason: 0 for reason in END_REASONS} | {"incomplete": 0}
         reasons: list[str] = []
         rewards = []
-        for group in sorted({g for _, _, g in jobs}):
-            for traj in self.recorder.store.iter(group_id=group):
-                if traj.status == "failed" and traj.metadata.get("policy_fault"):
-                    # The policy's own failure (a malformed call): trained on, scored 0 if unscored.
-                    traj.reward = traj.reward if traj.reward is not None else 0.0
-                elif traj.status in ("failed", "incomplete"):  # outages, crashes: not the policy's
-                    skipped[traj.status] += 1
-                    reasons.append(str(traj.metadata.get("error", traj.status)))
-                    continue
-                if not traj.transitions or traj.reward is None:  # a crew's parent: steps live in roles
-                    continue
-                groups.setdefault((group, traj.metadata.get("role")), []).append(traj)
-                rewards.append(traj.reward)
-        if skipped["failed"]:
-            print(f"iteration {it + 1}: skipped {skipped['failed']} failed episode(s) "
-                  f"(e.g. {reasons[0]})")
+        for traj in map(self.recorder.store.get, sorted(opened)):
+            ends[traj.end_reason or "incomplete"] += 1
+            if not traj.trainable:
+                reasons.append(f"{traj.end_reason or 'incomplete'}: {traj.end_detail}")
+                continue
+            if not traj.transitions:
+                continue
+            if traj.reward is None:  # cut by a limit or failed by the model, and never scored
+                traj.reward = 0.0
+            groups.setdefault((traj.group_id, traj.role), []).append(traj)
+            rewards.append(traj.reward)
+        skipped = len(reasons)
+        if skipped:
+            print(f"iteration {it + 1}: not training on {skipped} episode(s) (e.g. {reasons[0]})")
         r = torch.tensor(rewards) if rewards else torch.zeros(1)
-        return groups, {"episodes": len(jobs), "episodes_failed": skipped["failed"],
-                        "episodes_incomplete": skipped["incomplete"],
+        return groups, {"episodes": len(jobs), "episodes_outage": ends["outage"],
+                        "episodes_crashed": ends["crashed"], "episodes_incomplete": ends["incomplete"],
+                        "episodes_failed": ends["outage"] + ends["crashed"],
+                        "episodes_truncated": ends["truncated"],
+                        "episodes_policy_fault": ends["policy_fault"],
                         "reward_mean": float(r.mean()), "reward_std": float(r.std(unbiased=False)),
                         "success_rate": float((r >= self.config.success_threshold).float().mean())}
 
@@ -344,6 +362,7 @@ class Trainer:
         return version
 
     def log(self, metrics: dict) -> None:
+        metrics = {"run_id": self.run_id, **metrics}
         self.history.append(metrics)
         with open(self.out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(metrics) + "\n")
@@ -362,13 +381,21 @@ class Trainer:
                                                     "trainer_rng": list(self.rng.getstate()[1])})
 
     def resume(self) -> int:
-        """Continue from the last checkpoint in the run folder (none: start from scratch)."""
+        """Continue the run in the folder from its last checkpoint (none: from the start). The
+        rollouts of an iteration the kill interrupted stay stored, marked `excluded`: that
+        iteration runs again with fresh rollouts."""
         if (self.out / "reference" / "adapter_model.safetensors").is_file():
             self._load_reference(self.out / "reference")
         path = checkpoint.latest(self.out / "checkpoints")
-        if path is None:
+        state = None if path is None else checkpoint.load(path, self.model, self.optimizer,
+                                                          self.extra_modules)
+        done = 0 if state is None else state["iteration"]
+        interrupted = [t.id for t in self.recorder.store.iter(run_id=self.run_id)
+                       if t.excluded is None and t.metadata.get("iteration", 0) > done]
+        self.recorder.store.exclude(interrupted, f"iteration {done + 1} was interrupted; "
+                                    "it ran again on resume with fresh rollouts")
+        if state is None:
             return self.iteration
-        state = checkpoint.load(path, self.model, self.optimizer, self.extra_modules)
         self.iteration = state["iteration"]
         self.rng.setstate((3, tuple(state["trainer_rng"]), None))
         log = self.out / "metrics.jsonl"

@@ -7,13 +7,12 @@ the log-softmax only at the positions that are trained on: with a 49k vocabulary
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+
+from forge_bridge.atomic import write_dir
 
 
 def attach_lora(model: Any, rank: int, alpha: int, targets: Sequence[str], dropout: float = 0.0) -> Any:
@@ -53,21 +52,9 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
 
 
 def save_adapter(model: Any, path: str | Path) -> Path:
-    """Write the LoRA adapter (safetensors) to `path` atomically: a temporary folder beside it is
-    renamed into place, so a reader never sees half an adapter."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{path.name}-*"):  # left by a process killed mid-write
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-    try:
-        model.save_pretrained(str(tmp), safe_serialization=True)
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    """Write the LoRA adapter (safetensors) to `path` atomically: a reader finds the old complete
+    version or the new one at every instant, even across a crash (`forge_bridge.atomic`)."""
+    return write_dir(path, lambda tmp: model.save_pretrained(str(tmp), safe_serialization=True))
 
 
 def load_adapter_weights(model: Any, path: str | Path) -> None:

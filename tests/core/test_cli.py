@@ -18,7 +18,7 @@ def db(tmp_path):
             store.append(t.id, Transition(observation=Observation(messages=[{"role": "user", "content": "q"}]),
                                           action=Action(content="a"), prompt_token_ids=[1],
                                           completion_token_ids=[2], completion_logprobs=[-0.5]))
-            store.finish(t.id, "complete" if i % 2 else "failed", reward=float(i % 2))
+            store.finish(t.id, "terminated" if i % 2 else "crashed", reward=float(i % 2))
     return path
 
 

@@ -46,7 +46,9 @@ def test_an_exception_ends_the_episode_as_failed_with_the_reason(recorder):
             ep.record(step("a"))
             1 / 0
     traj = recorder.store.get(ep.id)
-    assert traj.status == "failed" and "ZeroDivisionError" in traj.metadata["error"] and len(traj) == 1
+    assert traj.status == "failed" and traj.end_reason == "crashed" and len(traj) == 1
+    assert "ZeroDivisionError" in traj.end_detail
+    assert not traj.transitions[-1].terminated and not traj.transitions[-1].truncated
 
 
 def test_bad_rewards_are_refused(recorder):
@@ -101,13 +103,53 @@ def test_truncated_episode_ends_truncated_not_failed(recorder):
         ep.record(step("a"))
         ep.truncate("more than 4 model calls")
     traj = recorder.store.get(ep.id)
-    assert traj.status == "truncated" and traj.metadata["truncated"] == "more than 4 model calls"
+    assert traj.status == "truncated" and traj.end_reason == "truncated"
+    assert traj.end_detail == "more than 4 model calls"
+    assert traj.transitions[-1].truncated and not traj.transitions[-1].terminated
 
 
 def test_reward_given_after_an_adapter_ended_the_episode_is_kept(recorder):
     with episode("late", recorder=recorder) as ep:
         ep.record(step("a"))
-        ep.fail("malformed tool call", policy_fault=True)
+        ep.fail("malformed tool call", "policy_fault")
         ep.reward(0.0)
     traj = recorder.store.get(ep.id)
-    assert traj.status == "failed" and traj.reward == 0.0 and traj.metadata["policy_fault"] is True
+    assert traj.status == "failed" and traj.reward == 0.0 and traj.end_reason == "policy_fault"
+    assert traj.trainable and traj.transitions[-1].terminated
+
+
+def test_a_finished_task_marks_its_last_step_terminated(recorder):
+    with episode("done", recorder=recorder) as ep:
+        ep.record(step("a"))
+        ep.record(step("b"))
+        ep.reward(1.0)
+    traj = recorder.store.get(ep.id)
+    assert traj.end_reason == "terminated" and traj.status == "complete"
+    assert [(t.terminated, t.truncated) for t in traj] == [(False, False), (True, False)]
+
+
+def test_the_graver_end_reason_wins(recorder):
+    with episode("x", recorder=recorder) as ep:
+        ep.record(step("a"))
+        ep.truncate("step limit")
+        ep.mark_end("outage", "PolicyUnavailable: down")
+        ep.truncate("another limit")
+    traj = recorder.store.get(ep.id)
+    assert traj.end_reason == "outage" and traj.end_detail == "PolicyUnavailable: down"
+    assert not traj.trainable
+
+
+def test_a_registered_framework_limit_escaping_the_episode_ends_it_truncated(recorder):
+    from forge_bridge.session import register_truncation
+
+    class LoopLimit(RuntimeError):
+        pass
+
+    register_truncation(LoopLimit, "the framework's loop limit")
+    with pytest.raises(LoopLimit):
+        with episode("loop", recorder=recorder) as ep:
+            ep.record(step("a"))
+            raise LoopLimit("25 steps")
+    traj = recorder.store.get(ep.id)
+    assert traj.end_reason == "truncated" and traj.end_detail == "the framework's loop limit: 25 steps"
+    assert traj.trainable and traj.transitions[-1].truncated

@@ -27,7 +27,7 @@ def test_append_then_finish(store):
     updated = step(1)
     updated.info["tool_results"] = {"c1": "5"}
     store.update_step(traj.id, 1, updated)
-    store.finish(traj.id, "complete", reward=1.0, metadata={"k": 1})
+    store.finish(traj.id, "terminated", reward=1.0, metadata={"k": 1})
     got = store.get(traj.id)
     assert got.status == "complete" and got.reward == 1.0 and got.metadata == {"k": 1}
     assert [t.action.content for t in got] == ["a0", "a1", "a2"]
@@ -40,7 +40,7 @@ def test_queries_filter_by_run_task_group_status_adapter(store):
         t = Trajectory(run_id=f"r{i % 2}", task_id=f"t{i % 3}", group_id=f"g{i % 3}")
         store.begin(t)
         store.append(t.id, step(i, adapter=f"a-v{i % 2}"))
-        store.finish(t.id, "complete" if i < 4 else "failed", reward=float(i))
+        store.finish(t.id, "terminated" if i < 4 else "crashed", reward=float(i))
     assert store.count() == 6
     assert store.count(run_id="r0") == 3
     assert store.count(task_id="t1") == 2
@@ -58,7 +58,7 @@ def test_export_jsonl_and_parquet(store, tmp_path):
         store.begin(t)
         store.append(t.id, step(i))
         store.append(t.id, step(i + 10))
-        store.finish(t.id, "complete", reward=1.0)
+        store.finish(t.id, "terminated", reward=1.0)
     assert store.export_jsonl(tmp_path / "out.jsonl") == 3
     lines = (tmp_path / "out.jsonl").read_text().splitlines()
     assert [Trajectory.from_json(line) for line in lines] == store.trajectories()
@@ -102,5 +102,5 @@ def test_failed_write_keeps_what_was_stored(store):
     with pytest.raises(StoreError):
         store.append("no-such-trajectory", step(1))
     assert len(store.get("same")) == 1
-    with pytest.raises(SchemaError, match="status"):
+    with pytest.raises(SchemaError, match="end_reason"):
         store.finish("same", "done")

@@ -50,7 +50,7 @@ def test_demo_with_no_grpo_iteration_reports_sft_alone(taught_model_dir, tmp_pat
 
 
 def test_a_new_run_sets_the_earlier_one_aside(tmp_path):
-    from forge_bridge.demo import set_aside
+    from forge_bridge.runs import set_aside
 
     out = tmp_path / "demo"
     assert set_aside(out) is None

@@ -65,7 +65,7 @@ def test_sixteen_threads_fifty_episodes_each_lose_nothing(tmp_path):
                 store.begin(traj)
                 for i in range(3):
                     store.append(traj.id, step(w * 1000 + e * 10 + i))
-                store.finish(traj.id, "complete", reward=float(e))
+                store.finish(traj.id, "terminated", reward=float(e))
         except Exception as exc:  # surfaced below: a thread's exception would vanish otherwise
             errors.append(exc)
 
