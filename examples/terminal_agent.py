@@ -53,7 +53,7 @@ def main() -> None:
 
     policy = fb.LocalPolicy("smollm2-135m-instruct")
     make_env = lambda: TerminalEnvironment(CommandLimits(timeout_s=5, cpu_s=5, memory_mb=512))  # noqa: E731
-    harness = HarnessAgent(policy, make_env, system="You can use tools in a terminal.", max_steps=4,
+    harness = HarnessAgent(policy, make_env, system="You can use tools in a terminal.", max_model_calls=4,
                            temperature=0.7, max_tokens=96)
     recorder = fb.Recorder("runs/examples/terminal.db", run_id="terminal-example")
     for task in TASKS * 2:

@@ -29,7 +29,7 @@ def tokenizer(taught_model_dir):
 
 
 def role_trajectories(recorder, episode):
-    return {c.trajectory.metadata["role"]: recorder.store.get(c.id) for c in episode.children.values()}
+    return {c.trajectory.role: recorder.store.get(c.id) for c in episode.children.values()}
 
 
 def test_single_agent_tool_loop_is_recorded_with_token_ids(backend, recorder):
@@ -41,7 +41,7 @@ def test_single_agent_tool_loop_is_recorded_with_token_ids(backend, recorder):
     trajs = role_trajectories(recorder, ep)
     traj = trajs["calculator"]
     assert traj.status == "complete" and traj.reward == 1.0 and len(traj) == 2
-    assert traj.metadata == {"parent": ep.id, "role": "calculator"}
+    assert traj.metadata == {"parent": ep.id} and traj.role == "calculator"
     call_step, answer_step = traj.transitions
     (call,) = call_step.action.tool_calls
     assert call.name == "add" and call_step.info["tool_results"][call.id]["content"] == "5"
@@ -112,7 +112,7 @@ def test_policy_outage_fails_the_episode_with_the_reason(recorder):
         with fb.episode("down", recorder=recorder) as ep:
             crew.kickoff()
     parent = recorder.store.get(ep.id)
-    assert parent.status == "failed" and "unreachable" in parent.metadata["error"]
+    assert parent.status == "failed" and "unreachable" in parent.end_detail
     child = role_trajectories(recorder, ep)["calculator"]
     assert child.status == "failed" and any("unreachable" in e for e in child.metadata["errors"])
 

@@ -127,7 +127,7 @@ def test_raising_tool_can_abort_when_configured(taught_model_dir, recorder):
         with fb.episode("abort", recorder=recorder) as ep:
             agent.invoke(QUESTION)
     traj = recorder.store.get(ep.id)
-    assert traj.status == "failed" and "on fire" in traj.metadata["error"] and len(traj) == 1
+    assert traj.status == "failed" and "on fire" in traj.end_detail and len(traj) == 1
 
 
 def test_policy_outage_ends_the_episode_as_failed(recorder):
@@ -136,7 +136,7 @@ def test_policy_outage_ends_the_episode_as_failed(recorder):
         with fb.episode("down", recorder=recorder) as ep:
             agent_on(down).invoke(QUESTION)
     traj = recorder.store.get(ep.id)
-    assert traj.status == "failed" and "unreachable" in traj.metadata["error"]
+    assert traj.status == "failed" and "unreachable" in traj.end_detail
 
 
 def test_malformed_tool_call_is_recorded_and_fails_the_episode(taught_model_dir, recorder):
@@ -150,7 +150,7 @@ def test_malformed_tool_call_is_recorded_and_fails_the_episode(taught_model_dir,
     last = result["messages"][-1]
     assert isinstance(last, AIMessage) and not last.tool_calls and last.invalid_tool_calls
     traj = recorder.store.get(ep.id)
-    assert traj.status == "failed" and "malformed tool call" in traj.metadata["error"]
+    assert traj.status == "failed" and "malformed tool call" in traj.end_detail
     (step,) = traj.transitions
     assert step.action.parse_errors and step.completion_token_ids[:-1] == tokenizer.encode(
         bad, add_special_tokens=False)

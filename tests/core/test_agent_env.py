@@ -79,7 +79,7 @@ def test_an_episode_cut_short_releases_the_waiting_agent(policy, tmp_path):
     loop = ScriptedPolicy(lambda m, t: '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 1}}\n</tool_call>',
                           models.tiny_tokenizer())
     env = AgentEnvironment(build, run, check, timeout_s=10)
-    traj = HarnessAgent(loop, env, max_steps=2).run({"id": "t", "question": "q", "answer": 2},
+    traj = HarnessAgent(loop, env, max_model_calls=2).run({"id": "t", "question": "q", "answer": 2},
                                                     recorder=fb.Recorder(tmp_path / "t.db"))
     assert traj.status == "truncated" and len(traj.transitions) == 2
     waiting = env._thread
@@ -107,4 +107,4 @@ def test_an_agent_that_raises_fails_the_episode_with_the_reason(policy, tmp_path
         HarnessAgent(policy, env).run({"id": "t"}, recorder=fb.Recorder(tmp_path / "t.db"))
     with fb.TrajectoryStore(tmp_path / "t.db") as store:
         (traj,) = store.trajectories()
-    assert traj.status == "failed" and "KeyError" in traj.metadata["error"] and len(traj.transitions) == 2
+    assert traj.status == "failed" and "KeyError" in traj.end_detail and len(traj.transitions) == 2

@@ -140,4 +140,4 @@ def test_policy_outage_is_a_502_and_the_episode_ends_failed(recorder):
                        json={"messages": testing.ASK, "max_tokens": 8})
     assert r.status_code == 502 and "unreachable" in r.json()["error"]["message"]
     traj = recorder.store.get("down-1")
-    assert traj.status == "failed" and "unreachable" in traj.metadata["error"]
+    assert traj.status == "failed" and "unreachable" in traj.end_detail

@@ -68,16 +68,16 @@ def test_a_scripted_policy_solves_a_terminal_task_and_every_step_is_recorded(tok
 
 def test_an_endless_tool_loop_is_cut_at_max_steps_and_recorded_as_truncated(tokenizer, tmp_path):
     policy = ScriptedPolicy(lambda m, t: hermes("run", command="ls"), tokenizer)
-    traj = HarnessAgent(policy, TerminalEnvironment, max_steps=3).run(
+    traj = HarnessAgent(policy, TerminalEnvironment, max_model_calls=3).run(
         file_task(), recorder=fb.Recorder(tmp_path / "t.db"))
     assert traj.status == "truncated" and len(traj.transitions) == 3 and traj.reward == 0.0
-    assert "more than 3 model calls" in traj.metadata["truncated"]
+    assert "more than 3 model calls" in traj.end_detail
 
 
 def test_a_malformed_tool_call_fails_the_episode_as_the_policys_fault(tokenizer, tmp_path):
     policy = ScriptedPolicy(lambda m, t: '<tool_call>\n{"name": "run", "arguments": {oops}\n</tool_call>', tokenizer)
     traj = HarnessAgent(policy, TerminalEnvironment).run(file_task(), recorder=fb.Recorder(tmp_path / "t.db"))
-    assert traj.status == "failed" and traj.metadata["policy_fault"] is True
+    assert traj.status == "failed" and traj.end_reason == "policy_fault"
     assert len(traj.transitions) == 1 and traj.transitions[0].action.parse_errors
 
 
@@ -125,5 +125,5 @@ def test_calling_the_rollout_outside_an_episode_and_bad_arguments_are_clear_erro
         harness(file_task())
     with pytest.raises(TypeError, match="policy"):
         HarnessAgent("gpt-4", TerminalEnvironment)
-    with pytest.raises(ValueError, match="max_steps"):
-        HarnessAgent(ScriptedPolicy(expert, tokenizer), TerminalEnvironment, max_steps=0)
+    with pytest.raises(ValueError, match="max_model_calls"):
+        HarnessAgent(ScriptedPolicy(expert, tokenizer), TerminalEnvironment, max_model_calls=0)

@@ -93,8 +93,8 @@ def only_tool_result(traj) -> dict:
 def test_malformed_tool_call_json_fails_the_episode_as_a_policy_fault_and_keeps_the_step(tokenizer, recorder):
     traj, _ = run_agent(lambda m, t: '<tool_call>\n{"name": "add", "arguments": {"a": 2,, "b": 3}}\n</tool_call>',
                         tokenizer, recorder)
-    assert traj.status == "failed" and traj.metadata["policy_fault"] is True
-    assert "malformed tool call" in traj.metadata["error"]
+    assert traj.status == "failed" and traj.end_reason == "policy_fault"
+    assert "malformed tool call" in traj.end_detail
     assert traj.transitions[0].action.parse_errors and traj.transitions[0].completion_token_ids
 
 
@@ -113,7 +113,7 @@ def test_an_unknown_tool_or_wrong_argument_types_are_error_results_and_the_episo
 def test_an_endless_tool_loop_is_cut_at_the_step_limit_and_recorded_as_truncated(tokenizer, recorder):
     traj, result = run_agent(lambda m, t: call("add", a=1, b=1), tokenizer, recorder, max_model_calls=3)
     assert traj.status == "truncated" and len(traj.transitions) == 3
-    assert traj.metadata["truncated"] == "more than 3 model calls"
+    assert traj.end_detail == "more than 3 model calls"
 
 
 def test_output_past_the_context_is_truncated_and_flagged_and_a_prompt_past_it_is_a_clear_error(
@@ -145,7 +145,7 @@ def test_a_raising_tool_is_recorded_and_the_episode_goes_on_or_ends_as_configure
     with pytest.raises(RuntimeError, match="on fire"):
         run_agent(calls_then_answers(call("explode", x=1)), tokenizer, recorder, handle_tool_errors=False)
     (failed,) = [t for t in recorder.store.trajectories() if t.status == "failed"]
-    assert "on fire" in failed.metadata["error"]
+    assert "on fire" in failed.end_detail
 
 
 def test_a_hanging_tool_times_out_into_an_error_result(tokenizer, recorder):
@@ -206,7 +206,7 @@ def test_through_the_gateway_a_malformed_call_or_a_crashed_agent_ends_the_episod
         body = {"model": "forge", "messages": [{"role": "user", "content": "go"}], "max_tokens": 64}
         assert httpx.post(gateway.episode_url("m1") + "/chat/completions", json=body).status_code == 200
         malformed = recorder.store.get("m1")
-        assert malformed.status == "failed" and malformed.metadata["policy_fault"] is True
+        assert malformed.status == "failed" and malformed.end_reason == "policy_fault"
         assert len(malformed.transitions) == 1  # the step is kept, to be trained on
         late = httpx.post(gateway.episode_url("m1").removesuffix("/v1") + "/finish", json={"reward": 1})
         assert late.status_code == 409 and "already ended (failed)" in late.text
@@ -216,4 +216,4 @@ def test_through_the_gateway_a_malformed_call_or_a_crashed_agent_ends_the_episod
                              json={"error": "the agent raised KeyError: 'x'"})
         assert crashed.json()["status"] == "failed"
     traj = recorder.store.get("c1")
-    assert traj.status == "failed" and traj.metadata["error"] == "the agent raised KeyError: 'x'"
+    assert traj.status == "failed" and traj.end_detail == "the agent raised KeyError: 'x'"

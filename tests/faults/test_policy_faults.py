@@ -66,7 +66,7 @@ def test_a_bad_answer_fails_the_episode_with_the_reason_and_stores_no_untrainabl
         server, recorder, mode, reason):
     server.mode = mode
     traj = run_episode(VLLMPolicy(server.url, retries=1, backoff_s=0.01), recorder)
-    assert traj.status == "failed" and reason in traj.metadata["error"]
+    assert traj.status == "failed" and reason in traj.end_detail
     assert traj.transitions == []  # nothing without token ids was recorded
     assert all(t.has_tokens for t in recorder.store.get(traj.id).transitions)
 
@@ -76,7 +76,7 @@ def test_a_slow_server_times_out_into_a_failed_episode(server, recorder):
     t0 = time.perf_counter()
     traj = run_episode(VLLMPolicy(server.url, timeout_s=0.5, retries=1, backoff_s=0.01), recorder)
     assert time.perf_counter() - t0 < 4  # two tries of 0.5 s, not the server's 5 s each
-    assert traj.status == "failed" and "Timeout" in traj.metadata["error"]
+    assert traj.status == "failed" and "Timeout" in traj.end_detail
 
 
 def test_a_server_killed_mid_episode_and_restarted_within_the_retry_window_loses_nothing(server, recorder):
@@ -103,7 +103,7 @@ def test_a_server_down_for_longer_fails_that_episode_and_the_next_one_runs_after
     policy = VLLMPolicy(server.url, retries=1, backoff_s=0.01)
     server.stop()
     down = run_episode(policy, recorder, "while-down")
-    assert down.status == "failed" and "unreachable" in down.metadata["error"]
+    assert down.status == "failed" and "unreachable" in down.end_detail
     server.start()
     up = run_episode(policy, recorder, "after-restart")
     assert up.status == "complete" and len(up.transitions) == 2

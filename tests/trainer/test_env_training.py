@@ -52,7 +52,7 @@ def test_grpo_trains_on_a_terminal_environment_then_on_a_langchain_agent(tmp_pat
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(group_size=8, lr=3e-3, lora_rank=8, lora_alpha=16,
                                                    out_dir=str(tmp_path / "run"), run_name="env",
                                                    progress=False, concurrency=4, seed=0))
-    harness = HarnessAgent(policy, TerminalEnvironment, max_steps=4, temperature=1.0, max_tokens=64)
+    harness = HarnessAgent(policy, TerminalEnvironment, max_model_calls=4, temperature=1.0, max_tokens=64)
     history = trainer.train(harness, TASKS, iterations=2)
 
     assert [h["adapter"] for h in history] == ["env-v1", "env-v2"] and policy.current_adapter == "env-v2"

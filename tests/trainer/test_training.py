@@ -126,5 +126,5 @@ def test_bad_trainer_input_is_a_clear_error(choice_model_dir, tmp_path):
     with pytest.raises(ValueError, match="must return a finite number"):
         trainer.train(lambda task: float("nan"), training_task.TASKS, iterations=1)
     failed = trainer.recorder.store.trajectories(status="failed")
-    assert len(failed) == 2 and all("finite number" in t.metadata["error"] for t in failed)
+    assert len(failed) == 2 and all("finite number" in t.end_detail for t in failed)
     assert trainer.iteration == 0
