@@ -39,16 +39,30 @@ def _load_attr(spec: str, what: str):
 def _cmd_train(args: argparse.Namespace) -> int:
     import forge_bridge as fb
 
+    from forge_bridge.runs import RunExistsError, set_aside
+
+    if args.new and args.resume:
+        print("forge-bridge train: --new and --resume exclude each other", file=sys.stderr)
+        return 2
     make_rollout = _load_attr(args.rollout, "--rollout")
     tasks = _load_attr(args.tasks, "--tasks")
     tasks = tasks() if callable(tasks) else tasks
+    if args.new:
+        earlier = set_aside(args.out)
+        if earlier is not None:
+            print(f"(the earlier run in {args.out} was moved to {earlier})")
     policy = fb.LocalPolicy(args.model)
     common = dict(gamma=args.gamma, group_size=args.group_size, lr=args.lr, out_dir=args.out,
                   run_name=args.run_name, tasks_per_iteration=args.tasks_per_iteration)
     trainer = (fb.GRPOTrainer(policy, fb.GRPOConfig(**common)) if args.algo == "grpo"
                else fb.PPOTrainer(policy, fb.PPOConfig(**common)))
-    history = trainer.train(make_rollout(policy), tasks, args.iterations, resume=args.resume)
-    trainer.close()
+    try:
+        history = trainer.train(make_rollout(policy), tasks, args.iterations, resume=args.resume)
+    except RunExistsError as exc:
+        print(f"forge-bridge train: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        trainer.close()
     last = history[-1] if history else {}
     print(f"done: {trainer.iteration} iterations, live adapter {policy.current_adapter}, last mean "
           f"reward {last.get('reward_mean', float('nan')):.3f}; run folder {args.out}")
@@ -194,7 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--run-name", default="run")
     p.add_argument("--out", default="runs/train", help="run folder (default: runs/train)")
-    p.add_argument("--resume", action="store_true", help="continue from the run folder's checkpoint")
+    p.add_argument("--resume", action="store_true", help="continue the run in the folder from its checkpoint")
+    p.add_argument("--new", action="store_true", help="set an earlier run in the folder aside "
+                   "(renamed to <out>-<time>) and start a new one")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("eval", help="held-out success of the demo agent, optionally with an adapter",

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from forge_bridge.messages import normalize_messages
-from forge_bridge.policy import AdapterError, Policy, PolicyError, PolicyOutput, Sampling
+from forge_bridge.policy import (AdapterError, ContextLengthExceeded, Policy, PolicyError,
+                                 PolicyOutput, Sampling)
 from forge_bridge.toolcalls import parse_hermes
 
 BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
@@ -90,8 +91,8 @@ class LocalPolicy(Policy):
             raise PolicyError("LocalPolicy is closed")
         prompt = self.encode(messages, tools)
         if len(prompt) >= self.max_context:
-            raise PolicyError(f"prompt of {len(prompt)} tokens does not fit the model's context "
-                              f"of {self.max_context} tokens")
+            raise ContextLengthExceeded(f"prompt of {len(prompt)} tokens does not fit the model's "
+                                        f"context of {self.max_context} tokens")
         fut: Future = Future()
         self._queue.put(_Request(prompt, sampling, adapter, fut))
         return fut

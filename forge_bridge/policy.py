@@ -57,6 +57,11 @@ class PolicyResponseError(PolicyError):
     """The policy answered, but not with something usable (HTTP error, bad JSON, no token ids)."""
 
 
+class ContextLengthExceeded(PolicyResponseError):
+    """The prompt no longer fits the model's context: the episode cannot go on (a truncation,
+    recorded as such by the recording protocol, not an outage)."""
+
+
 class AdapterError(ValueError):
     """An adapter could not be loaded (missing, corrupt, incompatible); nothing was swapped."""
 

@@ -6,7 +6,8 @@ the same way whoever made the call:
 
 - `call_policy` / `acall_policy`: the step limit first (past `max_model_calls` the episode is
   marked truncated and no call is made: the front end ends the agent's loop), then the call (a
-  `PolicyError` marks the episode `outage` and is raised on), then `record_call`.
+  prompt past the model's context also truncates the episode and ends the loop; any other
+  `PolicyError` marks it `outage` and is raised on), then `record_call`.
 - `record_call`: the policy output as a `Transition` in the current episode; a reply whose only
   tool call is malformed marks the episode `policy_fault` (the model's own doing: trained on).
 - `run_tool` / `arun_tool` + `record_tool_result`: a tool under the timeout, its exception kept
@@ -23,7 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from forge_bridge.policy import DEFAULT_SLOT, Policy, PolicyError, PolicyOutput
+from forge_bridge.policy import (DEFAULT_SLOT, ContextLengthExceeded, Policy, PolicyError,
+                                 PolicyOutput)
 from forge_bridge.session import Episode
 from forge_bridge.timeouts import call_with_timeout
 
@@ -86,11 +88,16 @@ def record_outage(episode: Episode | None, exc: BaseException) -> None:
 def call_policy(policy: Policy, episode: Episode | None, messages: list[dict],
                 tools: list[dict] | None, *, source: str, limits: Limits, slot: str = DEFAULT_SLOT,
                 sampling: dict | None = None, info: dict | None = None) -> PolicyOutput | None:
-    """One model call of a front end, recorded; None when the step limit ends the loop instead."""
+    """One model call of a front end, recorded; None when a limit (steps, context) ends the loop."""
     if over_step_limit(episode, limits):
         return None
     try:
         out = policy.chat(messages, tools, slot=slot, **(sampling or {}))
+    except ContextLengthExceeded as exc:  # the conversation outgrew the model: a limit, not an outage
+        if episode is None:
+            raise
+        episode.truncate(f"the context is full: {exc}")
+        return None
     except PolicyError as exc:
         record_outage(episode, exc)
         raise
@@ -107,6 +114,11 @@ async def acall_policy(policy: Policy, episode: Episode | None, messages: list[d
         return None
     try:
         out = await policy.achat(messages, tools, slot=slot, **(sampling or {}))
+    except ContextLengthExceeded as exc:  # the conversation outgrew the model: a limit, not an outage
+        if episode is None:
+            raise
+        episode.truncate(f"the context is full: {exc}")
+        return None
     except PolicyError as exc:
         record_outage(episode, exc)
         raise

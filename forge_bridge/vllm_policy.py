@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from forge_bridge.messages import normalize_messages
-from forge_bridge.policy import (AdapterError, Policy, PolicyOutput, PolicyResponseError,
-                                 PolicyUnavailable, Sampling)
+from forge_bridge.policy import (AdapterError, ContextLengthExceeded, Policy, PolicyOutput,
+                                 PolicyResponseError, PolicyUnavailable, Sampling)
 from forge_bridge.toolcalls import parse_hermes
 from forge_bridge.types import Action, SchemaError, ToolCall
 
@@ -73,8 +73,10 @@ class VLLMPolicy(Policy):
 
     def _check(self, resp: Any, what: str, expect_json: bool = True) -> dict:
         if resp.status_code != 200:
-            err = PolicyResponseError(f"{what}: vLLM at {self.base_url} answered HTTP "
-                                      f"{resp.status_code}: {resp.text[:300]}")
+            too_long = resp.status_code == 400 and any(
+                words in resp.text for words in ("context length", "maximum model length"))
+            err = (ContextLengthExceeded if too_long else PolicyResponseError)(
+                f"{what}: vLLM at {self.base_url} answered HTTP {resp.status_code}: {resp.text[:300]}")
             err.status = resp.status_code
             raise err
         if not expect_json:  # the adapter endpoints answer in plain text

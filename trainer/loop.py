@@ -230,7 +230,9 @@ class Trainer:
         ends = {reason: 0 for reason in END_REASONS} | {"incomplete": 0}
         reasons: list[str] = []
         rewards = []
-        for traj in map(self.recorder.store.get, sorted(opened)):
+        mine = set(opened)
+        for traj in (t for group in sorted({g for _, _, g in jobs})  # in the order they were opened
+                     for t in self.recorder.store.iter(run_id=self.run_id, group_id=group) if t.id in mine):
             ends[traj.end_reason or "incomplete"] += 1
             if not traj.trainable:
                 reasons.append(f"{traj.end_reason or 'incomplete'}: {traj.end_detail}")

@@ -114,7 +114,8 @@ def test_policy_outage_fails_the_episode_with_the_reason(recorder):
     parent = recorder.store.get(ep.id)
     assert parent.status == "failed" and "unreachable" in parent.end_detail
     child = role_trajectories(recorder, ep)["calculator"]
-    assert child.status == "failed" and any("unreachable" in e for e in child.metadata["errors"])
+    assert child.status == "failed" and child.end_reason == parent.end_reason == "outage"
+    assert "unreachable" in child.end_detail
 
 
 def test_max_iter_exhaustion_marks_the_forced_final_answer(tokenizer, recorder):
@@ -129,6 +130,8 @@ def test_max_iter_exhaustion_marks_the_forced_final_answer(tokenizer, recorder):
     flags = [t.info["forced_final_answer"] for t in traj]
     assert flags[-1] is True and not any(flags[:-1]) and len(flags) >= 2
     assert traj.transitions[-1].info["role"] == "calculator"  # CrewAI's forced call names no agent
+    assert (traj.end_reason, traj.end_detail) == ("truncated", "CrewAI's max_iter")  # a limit cut it
+    assert traj.transitions[-1].truncated and traj.trainable
 
 
 def test_task_retry_after_an_error_is_marked_as_a_new_attempt(tokenizer, recorder):

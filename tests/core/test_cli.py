@@ -1,3 +1,4 @@
+import json
 import subprocess
 import sys
 
@@ -47,7 +48,8 @@ def test_help_is_available(cmd):
 
 
 def test_serve_starts_vllm_with_the_adapter_and_prints_its_url(taught_model_dir, adapter_dirs):
-    import os
+    import json
+import os
     import signal
 
     import httpx
@@ -111,3 +113,14 @@ def test_train_command_runs_a_users_rollout_module(taught_model_dir, tmp_path, m
     assert (out / "adapters" / "mine-v2" / "adapter_model.safetensors").is_file()
     assert main(["plot", str(out)]) == 0 and (out / "reward_curve.png").is_file()
     assert main(["train", "--rollout", "my_agent:nope", "--tasks", "my_agent:TASKS"]) == 1
+    again = ["train", "--rollout", "my_agent:make_rollout", "--tasks", "my_agent:TASKS",
+             "--model", str(taught_model_dir), "--iterations", "1", "--group-size", "2",
+             "--out", str(out), "--run-name", "mine"]
+    first_run = json.loads((out / "run.json").read_text())["run_id"]
+    assert main(again) == 2  # refused: the folder holds a run; nothing mixed in
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    assert main(again + ["--new"]) == 0  # the earlier run set aside whole, a new one started
+    (earlier,) = [p for p in tmp_path.iterdir() if p.name.startswith("run-")]
+    assert json.loads((earlier / "run.json").read_text())["run_id"] == first_run
+    assert json.loads((out / "run.json").read_text())["run_id"] != first_run
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1

@@ -10,7 +10,7 @@ import pytest
 
 from forge_bridge import models, testing
 from forge_bridge.local_policy import LocalPolicy
-from forge_bridge.policy import AdapterError
+from forge_bridge.policy import AdapterError, ContextLengthExceeded
 from forge_bridge.vllm_policy import VLLMPolicy
 
 GREEDY = {"temperature": 0, "max_tokens": 48}
@@ -52,10 +52,16 @@ def test_tool_call_round_trips(backend):
     assert second.text == "The answer is 5." and not second.tool_calls
 
 
-def test_length_limit_is_reported_as_truncation(backend):
+def test_the_length_limit_is_a_finish_reason_not_a_truncated_episode(backend):
     out = backend.chat(testing.AFTER_TOOL, tools=[testing.ADD_TOOL], temperature=0, max_tokens=2)
     assert out.finish_reason == "length" and len(out.completion_token_ids) == 2
-    assert out.to_transition(testing.AFTER_TOOL).truncated
+    step = out.to_transition(testing.AFTER_TOOL)
+    assert step.action.finish_reason == "length" and not step.truncated and not step.terminated
+
+
+def test_a_prompt_past_the_context_is_its_own_error(backend):
+    with pytest.raises(ContextLengthExceeded):
+        backend.chat([{"role": "user", "content": " ".join(["hi"] * 20000)}], max_tokens=4)
 
 
 def test_adapter_changes_outputs_and_rollback_restores_them(backend, adapter_dirs):

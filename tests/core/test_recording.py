@@ -184,3 +184,35 @@ def test_limits_are_on_by_default_in_every_front_end_and_may_be_turned_off(token
         ForgeMiddleware(policy, max_model_calls=0)
     with pytest.raises(ValueError, match="tool_timeout_s"):
         ForgeLLM(policy, tool_timeout_s=-1)
+
+
+def test_forge_llm_runs_every_tool_call_of_a_reply_each_under_the_timeout(tokenizer, recorder):
+    import time
+
+    from forge_bridge.adapters.crewai import ForgeLLM
+
+    two_calls = CALL + '\n<tool_call>\n{"name": "slow", "arguments": {}}\n</tool_call>'
+    llm = ForgeLLM(ScriptedPolicy(lambda m, t: two_calls, tokenizer), tool_timeout_s=0.5)
+    t0 = time.perf_counter()
+    with fb.episode("t", recorder=recorder) as ep:
+        answer = llm.call([{"role": "user", "content": QUESTION}], tools=[testing.ADD_TOOL],
+                          available_functions={"add": lambda a, b: a + b, "slow": lambda: time.sleep(5)})
+    assert time.perf_counter() - t0 < 3
+    assert answer == "add: 5\nslow: Error: TimeoutError: no answer within 0.5 s"
+    (step,) = recorder.store.get(ep.id).transitions
+    add_call, slow_call = step.action.tool_calls
+    results = step.info["tool_results"]
+    assert results[add_call.id]["content"] == "5" and results[add_call.id]["status"] == "success"
+    assert results[slow_call.id]["status"] == "error" and "TimeoutError" in results[slow_call.id]["error"]
+
+
+def test_a_scripted_reply_cut_at_max_tokens_is_marked_cut(tokenizer):
+    policy = ScriptedPolicy(lambda m, t: "one two three four five six seven eight", tokenizer)
+    messages = [{"role": "user", "content": QUESTION}]
+    whole = policy.chat(messages, max_tokens=200)
+    n = len(whole.completion_token_ids)  # the reply and its end-of-turn token
+    assert whole.finish_reason == "stop" and whole.completion_token_ids[-1] == tokenizer.eos_token_id
+    cut = policy.chat(messages, max_tokens=n - 2)
+    assert cut.finish_reason == "length" and len(cut.completion_token_ids) == n - 2
+    assert tokenizer.eos_token_id not in cut.completion_token_ids
+    assert policy.chat(messages, max_tokens=n).finish_reason == "stop"  # just fits, end included

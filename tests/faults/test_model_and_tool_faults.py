@@ -116,8 +116,10 @@ def test_an_endless_tool_loop_is_cut_at_the_step_limit_and_recorded_as_truncated
     assert traj.end_detail == "more than 3 model calls"
 
 
-def test_output_past_the_context_is_truncated_and_flagged_and_a_prompt_past_it_is_a_clear_error(
+def test_output_past_the_context_is_cut_and_a_prompt_past_it_truncates_the_episode(
         taught_model_dir, recorder):
+    from forge_bridge.recording import Limits, call_policy
+
     policy = fb.LocalPolicy(str(taught_model_dir))
     ctx = policy.max_context
 
@@ -127,12 +129,17 @@ def test_output_past_the_context_is_truncated_and_flagged_and_a_prompt_past_it_i
     per_word = (len(policy.tokenizer.apply_chat_template(prompt_of(200), add_generation_prompt=True)["input_ids"])
                 - len(policy.tokenizer.apply_chat_template(prompt_of(100), add_generation_prompt=True)["input_ids"])) / 100
     with fb.episode("long", recorder=recorder) as ep:
-        out = policy.chat(prompt_of(int((ctx - 60) / per_word)), max_tokens=ctx, temperature=1.0, seed=0)
-        ep.record(out.to_transition([{"role": "user", "content": "..."}]))
-    assert len(out.prompt_token_ids) + len(out.completion_token_ids) == ctx  # it ran into the context
-    assert out.action.finish_reason == "length" and recorder.store.get(ep.id).status == "truncated"
+        out = call_policy(policy, ep, prompt_of(int((ctx - 60) / per_word)), None, source="test",
+                          limits=Limits(), sampling={"max_tokens": ctx, "temperature": 1.0, "seed": 0})
+        assert len(out.prompt_token_ids) + len(out.completion_token_ids) == ctx  # it ran into the context
+        assert out.action.finish_reason == "length" and ep.end_reason is None  # a finish reason only
+        # the next prompt no longer fits: the episode is cut there, trained on, not an outage
+        assert call_policy(policy, ep, prompt_of(ctx), None, source="test", limits=Limits()) is None
+    traj = recorder.store.get(ep.id)
+    assert traj.end_reason == "truncated" and "does not fit the model's context" in traj.end_detail
+    assert len(traj) == 1 and traj.transitions[-1].truncated
     with pytest.raises(fb.PolicyError, match="does not fit the model's context"):
-        policy.chat(prompt_of(ctx))
+        policy.chat(prompt_of(ctx))  # outside an episode, the error itself
     policy.close()
 
 
@@ -205,11 +212,11 @@ def test_through_the_gateway_a_malformed_call_or_a_crashed_agent_ends_the_episod
     with fb.Gateway(ScriptedPolicy(lambda m, t: bad, tokenizer), recorder) as gateway:
         body = {"model": "forge", "messages": [{"role": "user", "content": "go"}], "max_tokens": 64}
         assert httpx.post(gateway.episode_url("m1") + "/chat/completions", json=body).status_code == 200
+        end = httpx.post(gateway.episode_url("m1").removesuffix("/v1") + "/finish", json={"reward": 0})
+        assert end.status_code == 200 and end.json()["status"] == "failed"
         malformed = recorder.store.get("m1")
         assert malformed.status == "failed" and malformed.end_reason == "policy_fault"
-        assert len(malformed.transitions) == 1  # the step is kept, to be trained on
-        late = httpx.post(gateway.episode_url("m1").removesuffix("/v1") + "/finish", json={"reward": 1})
-        assert late.status_code == 409 and "already ended (failed)" in late.text
+        assert len(malformed.transitions) == 1 and malformed.trainable  # kept, to be trained on
         gateway.policy.script = lambda m, t: "fine"
         assert httpx.post(gateway.episode_url("c1") + "/chat/completions", json=body).status_code == 200
         crashed = httpx.post(gateway.episode_url("c1").removesuffix("/v1") + "/finish",

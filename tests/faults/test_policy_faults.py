@@ -129,7 +129,8 @@ def test_the_trainer_skips_failed_episodes_counts_them_and_trains_on_the_rest(se
     history = trainer.train(rollout, [{"id": "a"}], iterations=1)
     metrics = history[0]
     assert metrics["episodes"] == 4 and metrics["episodes_failed"] == 2
-    assert "skipped 2 failed episode(s)" in capsys.readouterr().out
+    assert metrics["episodes_outage"] == 2 and metrics["episodes_crashed"] == 0
+    assert "not training on 2 episode(s) (e.g. outage: PolicyResponseError" in capsys.readouterr().out
     assert metrics["batch_samples"] > 0  # the two complete rollouts (rewards 1 and 0) were trained on
     assert ("load_lora_adapter", "faults-v1") in server.adapters  # and the result was published
     stored = trainer.recorder.store.trajectories()
