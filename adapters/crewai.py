@@ -123,10 +123,13 @@ class ForgeLLM(BaseLLM):
                     if v is not None}
         return msgs, episode, slot, sampling, info
 
-    def _answer(self, out: PolicyOutput | None, episode: Episode | None,
+    def _answer(self, out: PolicyOutput | None, tools: Any, episode: Episode | None,
                 available_functions: dict | None, response_model: Any) -> Any:
         if out is None:  # the step limit: a final answer ends the task (CrewAI refuses empty ones)
             return STEP_LIMIT_ANSWER
+        if out.action.tool_calls and not tools:  # no tools offered (CrewAI's forced last call):
+            # the calls are the model's answer, as text; CrewAI would crash on a list here
+            return out.text or "\n".join(f"{tc.name}({tc.arguments})" for tc in out.action.tool_calls)
         if out.action.tool_calls and not available_functions:
             return [tc.to_openai() for tc in out.action.tool_calls]  # CrewAI runs them
         if out.action.tool_calls and available_functions:
@@ -169,7 +172,7 @@ class ForgeLLM(BaseLLM):
         msgs, episode, slot, sampling, info = self._prepare(messages, from_task, from_agent)
         out = call_policy(self.policy, episode, msgs, tools or None, source="crewai",
                           limits=self.limits, slot=slot, sampling=sampling, info=info)
-        return self._answer(out, episode, available_functions, response_model)
+        return self._answer(out, tools, episode, available_functions, response_model)
 
     async def acall(self, messages: Any, tools: list[dict] | None = None,
                     callbacks: list[Any] | None = None,
@@ -178,7 +181,7 @@ class ForgeLLM(BaseLLM):
         msgs, episode, slot, sampling, info = self._prepare(messages, from_task, from_agent)
         out = await acall_policy(self.policy, episode, msgs, tools or None, source="crewai",
                                  limits=self.limits, slot=slot, sampling=sampling, info=info)
-        return self._answer(out, episode, available_functions, response_model)
+        return self._answer(out, tools, episode, available_functions, response_model)
 
 
 def wrap_crewai(obj: Any, policy: Policy) -> Any:

@@ -157,7 +157,7 @@ def main() -> None:
     store = recorder.store
     trajs = store.trajectories(run_id="soak")
     statuses = collections.Counter(t.status for t in trajs)
-    reasons = collections.Counter(str(t.end_detail or "?").split(":")[0] for t in trajs
+    reasons = collections.Counter(f"{t.end_reason} ({str(t.end_detail or '?').split(':')[0]})" for t in trajs
                                   if t.status == "failed")
     stored_steps = sum(len(t) for t in trajs)
     print(f"\nsoak: {args.agents} agents x {elapsed / 60:.1f} min through the Gateway, fault rate "

@@ -48,8 +48,7 @@ def test_help_is_available(cmd):
 
 
 def test_serve_starts_vllm_with_the_adapter_and_prints_its_url(taught_model_dir, adapter_dirs):
-    import json
-import os
+    import os
     import signal
 
     import httpx
