@@ -31,7 +31,7 @@ from pydantic import ConfigDict, Field, PrivateAttr  # noqa: E402
 
 from forge_bridge.policy import DEFAULT_SLOT, Policy, PolicyOutput  # noqa: E402
 from forge_bridge.recording import (DEFAULT_MAX_MODEL_CALLS, DEFAULT_MAX_TOOL_OUTPUT_CHARS,  # noqa: E402
-                                    DEFAULT_TOOL_TIMEOUT_S, Limits, ToolOutcome, acall_policy,
+                                    DEFAULT_TOOL_TIMEOUT_S, Limits, acall_policy,
                                     bound_output, call_policy, record_tool_result, run_tool)
 from forge_bridge.session import Episode, current_episode  # noqa: E402
 
@@ -144,18 +144,15 @@ class ForgeLLM(BaseLLM):
     def _run_tools(self, out: PolicyOutput, functions: dict, episode: Episode | None) -> Any:
         """Run every tool call of the reply, each under the timeout; one call gives its result
         (as CrewAI's own LLM does), several give one line per call."""
-        results = []
-        for call in out.action.tool_calls:
+        def invoke(call: Any) -> Any:
             fn = functions.get(call.name)
             if fn is None:
-                outcome = ToolOutcome(error=f"KeyError: no tool named {call.name!r}")
-            else:
-                try:
-                    args = json.loads(call.arguments or "{}")
-                except ValueError as exc:
-                    outcome = ToolOutcome(error=f"ValueError: arguments are not JSON ({exc})")
-                else:
-                    outcome = run_tool(lambda: fn(**args), self.limits.tool_timeout_s)
+                raise KeyError(f"no tool named {call.name!r}")
+            return fn(**json.loads(call.arguments or "{}"))
+
+        results = []
+        for call in out.action.tool_calls:
+            outcome = run_tool(invoke, self.limits.tool_timeout_s, call)
             text, full = bound_output(str(outcome.value) if outcome.ok else f"Error: {outcome.error}",
                                       self.limits)
             record_tool_result(episode, call.id, call.name, content=text if outcome.ok else None,

@@ -106,8 +106,8 @@ class Gateway:
 
     def finish(self, episode_id: str, reward: float | None, status: str | None,
                error: str | None = None) -> dict:
-        """End an episode: with a reward, a status (`complete` or `truncated`, or an end reason
-        such as `truncated`), or (the agent crashed) an error reason."""
+        """End an episode: with a reward, a status (`complete`, `failed` or any end reason, e.g.
+        `truncated`), or (the agent crashed) an error reason."""
         end = {"complete": "terminated", "failed": "crashed"}.get(status, status)
         if end is not None and end not in END_REASONS:
             raise ValueError(f"status: expected one of {sorted(set(END_REASONS) | {'complete', 'failed'})}, "
@@ -162,9 +162,8 @@ class Gateway:
         return self._completion(body, out)
 
     def _completion(self, body: dict, out: PolicyOutput | None) -> dict:
-        if out is None:
-            out = PolicyOutput(Action(content="", finish_reason="stop"), [], [], [], None,
-                               info={"forge_bridge": "step limit"})
+        if out is None:  # a limit ended the episode: an empty final answer ends the agent's loop
+            out = PolicyOutput(Action(content="", finish_reason="stop"), [], [], [], None)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
             "created": int(time.time()), "model": body.get("model") or self.model_name,
