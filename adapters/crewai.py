@@ -4,7 +4,7 @@
 every model call of that agent goes to the policy with native function calling, recorded with
 its exact tokens. Inside `with fb.episode(...)`, a `crew.kickoff()` becomes one trajectory per
 agent role (children of the episode, tagged with the role), so the trainer can train a shared
-adapter or one per role; `role_adapter={"writer": "writer"}` serves each role from its own
+adapter or one per role; `role_slot={"writer": "writer"}` serves each role from its own
 policy slot, whose current version is read on every call.
 
 What CrewAI does on its own is marked, not mistaken for policy choices: the extra forced call
@@ -29,11 +29,20 @@ for _key, _value in (("CREWAI_DISABLE_TELEMETRY", "true"), ("OTEL_SDK_DISABLED",
 from crewai.llms.base_llm import BaseLLM  # noqa: E402
 from pydantic import ConfigDict, Field, PrivateAttr  # noqa: E402
 
-from forge_bridge.policy import DEFAULT_SLOT, Policy, PolicyOutput  # noqa: E402
-from forge_bridge.recording import (DEFAULT_MAX_MODEL_CALLS, DEFAULT_MAX_TOOL_OUTPUT_CHARS,  # noqa: E402
-                                    DEFAULT_TOOL_TIMEOUT_S, Limits, acall_policy,
-                                    bound_output, call_policy, record_tool_result, run_tool)
-from forge_bridge.session import Episode, current_episode  # noqa: E402
+from forge_bridge.core.episode import Episode, current_episode  # noqa: E402
+from forge_bridge.core.errors import WrongType
+from forge_bridge.core.recording import (  # noqa: E402
+    DEFAULT_MAX_MODEL_CALLS,
+    DEFAULT_MAX_TOOL_OUTPUT_CHARS,
+    DEFAULT_TOOL_TIMEOUT_S,
+    Limits,
+    acall_policy,
+    bound_output,
+    call_policy,
+    record_tool_result,
+    run_tool,
+)
+from forge_bridge.policies.base import DEFAULT_SLOT, Policy, PolicyOutput  # noqa: E402
 
 STEP_LIMIT_ANSWER = "[forge-bridge: the step limit was reached]"
 """The final answer ForgeLLM gives CrewAI past `max_model_calls` (not a model output: not recorded)."""
@@ -52,7 +61,7 @@ class ForgeLLM(BaseLLM):
 
     policy: Any = Field(default=None, exclude=True)
     """The forge-bridge policy (LocalPolicy, VLLMPolicy) every call goes to."""
-    role_adapter: dict[str, str] | None = None
+    role_slot: dict[str, str] | None = None
     """Agent role -> policy slot whose current adapter serves that role (default slot otherwise)."""
     context_window: int = 2048
     """What CrewAI is told the context size is (it trims history to fit)."""
@@ -67,13 +76,13 @@ class ForgeLLM(BaseLLM):
     _last_role: dict[str, str] = PrivateAttr(default_factory=dict)
     _attempts: dict[tuple[str, str], int] = PrivateAttr(default_factory=dict)
 
-    def __init__(self, policy: Policy | None = None, role_adapter: dict[str, str] | None = None,
+    def __init__(self, policy: Policy | None = None, role_slot: dict[str, str] | None = None,
                  **kwargs: Any) -> None:
         if not isinstance(policy, Policy):
-            raise TypeError(f"ForgeLLM(policy): expected a forge_bridge Policy (LocalPolicy, "
+            raise WrongType(f"ForgeLLM(policy): expected a forge_bridge Policy (LocalPolicy, "
                             f"VLLMPolicy), got {type(policy).__name__}")
         kwargs.setdefault("model", "forge")  # never contains "o1", which flips CrewAI to ReAct
-        super().__init__(policy=policy, role_adapter=role_adapter, **kwargs)
+        super().__init__(policy=policy, role_slot=role_slot, **kwargs)
         self.limits  # validate the limits now, not at the first call
 
     @property
@@ -117,7 +126,7 @@ class ForgeLLM(BaseLLM):
             episode.attach_tool_results(msgs)
             if forced:  # CrewAI's max_iter cut the task: this call is its forced last word
                 episode.truncate("CrewAI's max_iter")
-        slot = (self.role_adapter or {}).get(role, DEFAULT_SLOT)
+        slot = (self.role_slot or {}).get(role, DEFAULT_SLOT)
         sampling = {k: v for k, v in (("temperature", self.temperature), ("top_p", self.top_p),
                                       ("max_tokens", self.max_tokens), ("seed", self.seed))
                     if v is not None}
@@ -195,7 +204,7 @@ def wrap_crewai(obj: Any, policy: Policy) -> Any:
         for agent in obj.agents:
             agent.llm = llm
         return obj
-    raise TypeError(f"wrap() accepts a CrewAI Agent, Crew or LLM; got {type(obj).__name__}")
+    raise WrongType(f"wrap() accepts a CrewAI Agent, Crew or LLM; got {type(obj).__name__}")
 
 
 __all__ = ["ForgeLLM", "wrap_crewai"]

@@ -18,18 +18,34 @@ from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
-from langchain_core.messages import (AIMessage, AIMessageChunk, BaseMessage, ToolMessage,
-                                     convert_to_openai_messages)
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    ToolMessage,
+    convert_to_openai_messages,
+)
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field
 
-from forge_bridge.policy import Policy, PolicyOutput
-from forge_bridge.recording import (DEFAULT_MAX_MODEL_CALLS, DEFAULT_MAX_TOOL_OUTPUT_CHARS,
-                                    DEFAULT_TOOL_TIMEOUT_S, Limits, ToolOutcome, acall_policy, arun_tool, bound_output,
-                                    call_policy, record_tool_result, run_tool)
-from forge_bridge.session import current_episode, register_truncation
+from forge_bridge.core.episode import current_episode, register_truncation
+from forge_bridge.core.errors import InvalidArgument, WrongType
+from forge_bridge.core.recording import (
+    DEFAULT_MAX_MODEL_CALLS,
+    DEFAULT_MAX_TOOL_OUTPUT_CHARS,
+    DEFAULT_TOOL_TIMEOUT_S,
+    Limits,
+    ToolOutcome,
+    acall_policy,
+    arun_tool,
+    bound_output,
+    call_policy,
+    record_tool_result,
+    run_tool,
+)
+from forge_bridge.policies.base import Policy, PolicyOutput
 
 try:  # LangGraph's own step limit ends an episode as truncated, not crashed
     from langgraph.errors import GraphRecursionError
@@ -55,7 +71,7 @@ def to_ai_message(out: PolicyOutput, chunk: bool = False) -> AIMessage | AIMessa
         try:
             args = json.loads(tc.arguments) if tc.arguments.strip() else {}
             if not isinstance(args, dict):
-                raise ValueError("arguments are not a JSON object")
+                raise InvalidArgument("arguments are not a JSON object")
             tool_calls.append({"name": tc.name, "args": args, "id": tc.id, "type": "tool_call"})
         except ValueError as exc:
             invalid.append({"name": tc.name, "args": tc.arguments, "id": tc.id,
@@ -116,7 +132,7 @@ class ForgeChatModel(BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict:
-        return {"policy": type(self.policy).__name__, "adapter": self.policy.current_adapter}
+        return {"policy": type(self.policy).__name__, "adapter": self.policy.current()}
 
     def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None,
                    **kwargs: Any) -> Runnable[LanguageModelInput, AIMessage]:
@@ -125,7 +141,7 @@ class ForgeChatModel(BaseChatModel):
 
     def _sampling(self, stop: list[str] | None, kwargs: dict) -> dict:
         if stop:
-            raise ValueError("ForgeChatModel does not support stop sequences: the policy stops at "
+            raise InvalidArgument("ForgeChatModel does not support stop sequences: the policy stops at "
                              "the end of the assistant turn")
         params = {"temperature": kwargs.get("temperature", self.temperature),
                   "max_tokens": kwargs.get("max_tokens", self.max_tokens),
@@ -189,12 +205,12 @@ class ForgeMiddleware(AgentMiddleware):
         they reach the model. None turns a limit off."""
         super().__init__()
         if not isinstance(policy, Policy):
-            raise TypeError(f"ForgeMiddleware(policy): expected a forge_bridge Policy "
+            raise WrongType(f"ForgeMiddleware(policy): expected a forge_bridge Policy "
                             f"(LocalPolicy, VLLMPolicy), got {type(policy).__name__}")
         try:
             self.limits = Limits(max_model_calls, tool_timeout_s, max_tool_output_chars)
         except ValueError as exc:
-            raise ValueError(f"ForgeMiddleware({exc}") from None
+            raise InvalidArgument(f"ForgeMiddleware({exc}") from None
         self.policy = policy
         self.handle_tool_errors = handle_tool_errors
         self.model = ForgeChatModel(policy, temperature=temperature, max_tokens=max_tokens,

@@ -80,10 +80,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     args = parser.parse_args()
 
-    from forge_bridge import models, testing
-    from forge_bridge.local_policy import LocalPolicy
-    from forge_bridge.vllm_policy import VLLMPolicy
-    from forge_bridge.vllm_server import VLLMServer
+    from forge_bridge.app import testing
+    from forge_bridge.policies import models
+    from forge_bridge.policies.local import LocalPolicy
+    from forge_bridge.policies.vllm import VLLMPolicy
+    from forge_bridge.policies.vllm_server import VLLMServer
 
     tmp = Path(tempfile.mkdtemp(prefix="forge-bench-"))
     model_dir = (testing.taught_tiny_model(tmp / "tiny") if args.tiny

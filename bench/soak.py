@@ -33,10 +33,10 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
 import forge_bridge as fb
-from forge_bridge import models
-from forge_bridge.policy import PolicyUnavailable
-from forge_bridge.scripted_policy import ScriptedPolicy
-from forge_bridge.tasks import CITIES, check_answer, expert_reply, make_splits
+from forge_bridge.app.tasks import CITIES, check_answer, expert_reply, make_splits
+from forge_bridge.core.errors import PolicyUnavailable
+from forge_bridge.policies import models
+from forge_bridge.policies.scripted import ScriptedPolicy
 
 
 class FaultyExpert(ScriptedPolicy):

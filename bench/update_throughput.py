@@ -24,7 +24,7 @@ import torch
 
 def make_samples(tokenizer, n: int, seed: int):
     """n (prompt ids, completion ids) pairs from the demo's tasks and expert replies."""
-    from forge_bridge.tasks import expert_reply, make_splits, tool_schemas
+    from forge_bridge.app.tasks import expert_reply, make_splits, tool_schemas
 
     train, _ = make_splits(seed=seed)
     pairs = []
@@ -42,7 +42,7 @@ def make_samples(tokenizer, n: int, seed: int):
 def behaviour_logprobs(model, pairs):
     """The base model's logprobs of each completion (what a sampler would have recorded)."""
     from forge_bridge.trainer.batch import Sample, collate
-    from forge_bridge.trainer.lora import token_logprobs
+    from forge_bridge.trainer.logprobs import token_logprobs
 
     samples = [Sample(input_ids=p + c, loss_mask=[0] * len(p) + [1] * len(c),
                       old_logprobs=[0.0] * (len(p) + len(c)), advantages=[0.0] * (len(p) + len(c)))
@@ -54,10 +54,11 @@ def behaviour_logprobs(model, pairs):
 
 
 def ours(model_name: str, pairs, advantages, old, minibatch: int, autocast) -> float:
-    import forge_bridge as fb
-    from forge_bridge import models
-    from forge_bridge.scripted_policy import ScriptedPolicy
     from forge_bridge.trainer.batch import Sample
+
+    import forge_bridge as fb
+    from forge_bridge.policies import models
+    from forge_bridge.policies.scripted import ScriptedPolicy
 
     tokenizer = models.load(model_name)[1]
     policy = ScriptedPolicy(lambda m, t: "", tokenizer)
@@ -78,7 +79,7 @@ def trl_update(model_name: str, pairs, advantages, old, minibatch: int, autocast
     from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer as TRLTrainer
 
-    from forge_bridge import models
+    from forge_bridge.policies import models
 
     base, tokenizer = models.load(model_name)
     args = TRLConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=minibatch,
@@ -132,8 +133,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from forge_bridge import models
-    from forge_bridge.local_policy import bf16_supported
+    from forge_bridge.policies import models
+    from forge_bridge.policies.local import bf16_supported
 
     torch.manual_seed(0)
     name = "smollm2-135m-instruct"

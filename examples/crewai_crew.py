@@ -3,16 +3,16 @@
 A researcher with a lookup tool finds a number, a writer turns it into a sentence. Both agents
 run on the embedded SmolLM2-135M through `ForgeLLM`; each role's steps are recorded into its own
 trajectory (children of one episode) and could be trained as one shared adapter or one adapter
-per role (`role_adapter=`). Offline: CrewAI's telemetry is switched off by the adapter.
+per role (`role_slot=`). Offline: CrewAI's telemetry is switched off by the adapter.
 
     .venv/bin/python examples/crewai_crew.py
 """
 
 from crewai import Agent, Crew, Process, Task
 from crewai.tools import tool
+from forge_bridge.adapters.crewai import ForgeLLM
 
 import forge_bridge as fb
-from forge_bridge.adapters.crewai import ForgeLLM
 
 POPULATION = {"paris": 2102650, "berlin": 3596999, "madrid": 3332035}
 

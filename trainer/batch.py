@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from forge_bridge.types import Trajectory
+from forge_bridge.core.types import Trajectory
 
 
 @dataclass

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from forge_bridge.core.errors import InvalidArgument
+
 
 def _check(cond: bool, name: str, expected: str, value: object) -> None:
     if not cond:
-        raise ValueError(f"{name}: expected {expected}, got {value!r}")
+        raise InvalidArgument(f"{name}: expected {expected}, got {value!r}")
 
 
 def _number(value: object) -> bool:
@@ -147,4 +149,27 @@ class PPOConfig(TrainerConfig):
         _check(_number(self.value_lr) and self.value_lr > 0, "value_lr", "a number > 0", self.value_lr)
 
 
-__all__ = ["GRPOConfig", "PPOConfig", "TrainerConfig"]
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised warm start on demonstrations (`supervised_finetune`)."""
+
+    epochs: int = 2
+    """Passes over the demonstrations."""
+    lr: float | None = None
+    """AdamW learning rate (None: the trainer's `lr`)."""
+    batch_size: int | None = None
+    """Sequences per optimizer step (None: the trainer's `minibatch_size`)."""
+    publish: bool = True
+    """Publish the result to the live policy as the trainer's next adapter version."""
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.epochs, int) and not isinstance(self.epochs, bool) and self.epochs >= 1,
+               "epochs", "an int >= 1", self.epochs)
+        _check(self.lr is None or (_number(self.lr) and self.lr > 0), "lr", "a number > 0 or None", self.lr)
+        _check(self.batch_size is None or (isinstance(self.batch_size, int) and not isinstance(
+            self.batch_size, bool) and self.batch_size >= 1), "batch_size", "an int >= 1 or None",
+            self.batch_size)
+        _check(isinstance(self.publish, bool), "publish", "a bool", self.publish)
+
+
+__all__ = ["GRPOConfig", "PPOConfig", "SFTConfig", "TrainerConfig"]

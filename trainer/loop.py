@@ -1,57 +1,36 @@
-"""The training loop GRPO and PPO share: rollouts -> advantages -> update -> publish.
+"""The runner GRPO and PPO share: rollouts -> advantages -> update -> publish -> log.
 
-Each iteration runs `group_size` rollouts of each chosen task concurrently through the user's
-own rollout function (a wrapped agent, or anything that records into the current episode),
-turns the recorded trajectories into samples, updates the LoRA, saves adapter vN (safetensors,
-atomically), publishes it to the live policy, logs metrics and writes a checkpoint. A run
-killed at any point resumes from its last checkpoint with `resume=True`; every trajectory
-recorded before the kill stays in the store.
+Each iteration collects `group_size` rollouts of each chosen task through the user's own
+rollout function (`rollouts.collect`), has the algorithm turn them into samples (`prepare`:
+its advantage function, then `batch.build_samples`), takes the optimizer steps (`update`),
+saves adapter vN atomically and publishes it to the live policy, logs metrics and writes a
+checkpoint. A run killed at any point resumes from its last checkpoint with `resume=True`;
+every trajectory recorded before the kill stays in the store.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
-
-from forge_bridge import runs
-from forge_bridge.policy import Policy
-from forge_bridge.session import Recorder
-from forge_bridge.trainer import checkpoint
-from forge_bridge.trainer.advantages import discounted_returns, step_rewards
-from forge_bridge.trainer.batch import BatchStats, Sample, build_samples, collate
+from forge_bridge.trainer import checkpoint, rollouts
+from forge_bridge.trainer.batch import BatchStats, Sample, collate
 from forge_bridge.trainer.config import TrainerConfig
-from forge_bridge.trainer.lora import attach_lora, save_adapter, token_logprobs
+from forge_bridge.trainer.logprobs import token_logprobs
+from forge_bridge.trainer.lora import attach_lora, save_adapter
 from forge_bridge.trainer.losses import aggregate, clipped_policy_loss, kl_k3
-from forge_bridge.types import END_REASONS, Trajectory
+from forge_bridge.trainer.rollouts import Rollout, TaskSchedule
 
-Rollout = Callable[[Any], float]
-"""Runs the agent on one task inside the episode the trainer opened; returns the reward."""
-
-
-def task_id_of(task: Any, index: int) -> str:
-    if isinstance(task, dict) and "id" in task:
-        return str(task["id"])
-    if hasattr(task, "id"):
-        return str(task.id)
-    return f"task-{index}"
-
-
-class RolloutError(ValueError):
-    """The rollout function is broken: it gave no finite reward, or every rollout raised."""
-
-
-def check_reward(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"the rollout function must return a finite number (the reward), got {value!r}")
-    return float(value)
+from forge_bridge.core import runs
+from forge_bridge.core.episode import Recorder
+from forge_bridge.core.errors import InvalidArgument, WrongType
+from forge_bridge.core.types import TrajectoryGroup
+from forge_bridge.policies.base import Policy
 
 
 class Trainer:
@@ -61,16 +40,16 @@ class Trainer:
 
     def __init__(self, policy: Policy, config: TrainerConfig, *, model: str | None = None,
                  recorder: Recorder | None = None) -> None:
-        from forge_bridge import models
-        from forge_bridge.local_policy import bf16_supported
+        from forge_bridge.policies import models
+        from forge_bridge.policies.local import bf16_supported
 
         if not isinstance(policy, Policy):
-            raise TypeError(f"policy: expected a forge_bridge Policy, got {type(policy).__name__}")
+            raise WrongType(f"policy: expected a forge_bridge Policy, got {type(policy).__name__}")
         if not isinstance(config, TrainerConfig):
-            raise TypeError(f"config: expected a GRPOConfig or PPOConfig, got {type(config).__name__}")
+            raise WrongType(f"config: expected a GRPOConfig or PPOConfig, got {type(config).__name__}")
         source = model or getattr(policy, "model_path", None)
         if source is None:
-            raise ValueError("the trainer needs the base model the policy serves: pass "
+            raise InvalidArgument("the trainer needs the base model the policy serves: pass "
                              "model='<name or directory>' (a VLLMPolicy does not know it)")
         self.policy, self.config = policy, config
         self.out = Path(config.out_dir)
@@ -104,7 +83,8 @@ class Trainer:
     def _param_groups(self) -> list[dict]:
         return [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": self.config.lr}]
 
-    def prepare(self, groups: dict[tuple, list[Trajectory]]) -> tuple[list[Sample], BatchStats, dict]:
+    def prepare(self, groups: list[TrajectoryGroup]) -> tuple[list[Sample], BatchStats, dict]:
+        """The algorithm: advantages of the groups' steps, as training samples."""
         raise NotImplementedError
 
     def loss(self, logp: torch.Tensor, hidden: torch.Tensor, batch: dict) -> tuple[torch.Tensor, dict]:
@@ -127,7 +107,7 @@ class Trainer:
         return loss, stats
 
     # ------------------------------------------------------------------ the loop
-    def train(self, rollout: Rollout, tasks: Sequence[Any] | Callable[[int], Sequence[Any]],
+    def train(self, rollout: Rollout, tasks: Sequence[Any] | TaskSchedule,
               iterations: int, *, resume: bool = False) -> list[dict]:
         """Run iterations until `iterations` in all have been done (counting resumed ones).
 
@@ -137,11 +117,11 @@ class Trainer:
         from tqdm.auto import tqdm
 
         if not callable(rollout):
-            raise TypeError(f"rollout: expected a function task -> reward, got {type(rollout).__name__}")
+            raise WrongType(f"rollout: expected a function task -> reward, got {type(rollout).__name__}")
         if not callable(tasks):
             tasks = list(tasks)
             if not tasks:
-                raise ValueError("tasks: expected at least one task")
+                raise InvalidArgument("tasks: expected at least one task")
         if resume:
             self.resume()
         elif self.previous_run and self.iteration == 0:
@@ -150,7 +130,8 @@ class Trainer:
                    disable=not self.config.progress, initial=self.iteration, total=iterations)
         for it in bar:
             t0 = time.perf_counter()
-            groups, rollout_stats = self.collect(rollout, self._tasks_for(it, tasks), it)
+            groups, rollout_stats = self.collect(rollout, rollouts.tasks_for(
+                it, tasks, self.config.tasks_per_iteration, self.config.seed), it)
             t1 = time.perf_counter()
             samples, batch_stats, adv_stats = self.prepare(groups)
             update_stats = self.update(samples) if samples else {}
@@ -168,98 +149,16 @@ class Trainer:
                             success=f"{metrics['success_rate']:.2f}")
         return self.history
 
-    def _tasks_for(self, it: int, tasks: list | Callable[[int], Sequence[Any]]) -> list[tuple[str, Any]]:
-        if callable(tasks):
-            chosen = list(tasks(it))
-            if not chosen:
-                raise ValueError(f"the task schedule gave no tasks for iteration {it + 1}")
-            return [(task_id_of(t, i), t) for i, t in enumerate(chosen)]
-        indexed = [(task_id_of(t, i), t) for i, t in enumerate(tasks)]
-        k = self.config.tasks_per_iteration
-        if k is None or k >= len(indexed):
-            return indexed
-        return random.Random(self.config.seed * 100_003 + it).sample(indexed, k)
-
     def collect(self, rollout: Rollout, tasks: list[tuple[str, Any]], it: int
-                ) -> tuple[dict[tuple, list[Trajectory]], dict]:
-        """Run the rollouts of one iteration; returns its trainable trajectories by (group, role).
+                ) -> tuple[list[TrajectoryGroup], dict]:
+        """Iteration `it`'s rollouts of these (task id, task) pairs, as trainable groups."""
+        return rollouts.collect(rollout, tasks, it, recorder=self.recorder, run_id=self.run_id,
+                                group_size=self.config.group_size, concurrency=self.config.concurrency,
+                                success_threshold=self.config.success_threshold,
+                                progress=self.config.progress)
 
-        Exactly the episodes opened here are read back (a resumed iteration's earlier attempt
-        never mixes in); what is trained on is decided by each trajectory's typed end reason:
-        terminated, truncated (a step or recursion limit: reward 0 unless scored) and the
-        policy's own faults are; outages, crashes and unfinished episodes are not, and are
-        counted."""
-        from tqdm.auto import tqdm
-
-        jobs = [(tid, task, f"{self.run_id}-it{it + 1}-{tid}")
-                for tid, task in tasks for _ in range(self.config.group_size)]
-
-        bad_rewards: list[str] = []  # the reward function's bugs: always reported
-        crashes: list[str] = []  # the agent crashed on a task: skipped, unless every rollout did
-        opened: list[str] = []  # trajectory ids, a crew's roles included
-
-        def one(tid: str, task: Any, group: str) -> None:
-            ep = self.recorder.episode(tid, group, run_id=self.run_id, metadata={"iteration": it + 1})
-            try:
-                with ep:
-                    value = rollout(task)
-                    try:
-                        ep.reward(check_reward(value))
-                    except ValueError as exc:
-                        raise RolloutError(f"task {tid!r}: {exc}") from None
-            except RolloutError as exc:  # recorded as crashed (above); reported after the iteration
-                bad_rewards.append(str(exc))
-            except Exception as exc:  # recorded with its end reason by the episode
-                if ep.end_reason == "crashed":
-                    crashes.append(f"task {tid!r}: the rollout raised {type(exc).__name__}: {exc}")
-            finally:  # a crew's steps live in its roles' trajectories
-                opened.extend([child.id for child in ep.children.values()] or [ep.id])
-
-        with ThreadPoolExecutor(self.config.concurrency) as pool:
-            futures = [pool.submit(one, *job) for job in jobs]
-            for f in tqdm(as_completed(futures), total=len(futures), desc=f"rollouts {it + 1}",
-                          leave=False, disable=not self.config.progress):
-                f.result()
-        if bad_rewards:
-            raise RolloutError(f"iteration {it + 1}: {bad_rewards[0]} ({len(bad_rewards)} rollout(s) "
-                              "affected; their trajectories are stored as crashed, nothing was trained)")
-        if len(crashes) == len(jobs):
-            raise RolloutError(f"iteration {it + 1}: every rollout raised, e.g. {crashes[0]} "
-                              "(trajectories stored as crashed, nothing was trained)")
-        groups: dict[tuple, list[Trajectory]] = {}
-        ends = {reason: 0 for reason in END_REASONS} | {"incomplete": 0}
-        reasons: list[str] = []
-        rewards = []
-        mine = set(opened)
-        for traj in (t for group in sorted({g for _, _, g in jobs})  # in the order they were opened
-                     for t in self.recorder.store.iter(run_id=self.run_id, group_id=group) if t.id in mine):
-            ends[traj.end_reason or "incomplete"] += 1
-            if not traj.trainable:
-                reasons.append(f"{traj.end_reason or 'incomplete'}: {traj.end_detail}")
-                continue
-            if not traj.transitions:
-                continue
-            if traj.reward is None:  # cut by a limit or failed by the model, and never scored
-                traj.reward = 0.0
-            groups.setdefault((traj.group_id, traj.role), []).append(traj)
-            rewards.append(traj.reward)
-        skipped = len(reasons)
-        if skipped:
-            print(f"iteration {it + 1}: not training on {skipped} episode(s) (e.g. {reasons[0]})")
-        r = torch.tensor(rewards) if rewards else torch.zeros(1)
-        return groups, {"episodes": len(jobs), "episodes_outage": ends["outage"],
-                        "episodes_crashed": ends["crashed"], "episodes_incomplete": ends["incomplete"],
-                        "episodes_failed": ends["outage"] + ends["crashed"],
-                        "episodes_truncated": ends["truncated"],
-                        "episodes_policy_fault": ends["policy_fault"],
-                        "reward_mean": float(r.mean()), "reward_std": float(r.std(unbiased=False)),
-                        "success_rate": float((r >= self.config.success_threshold).float().mean())}
-
-    def _returns(self, group: list[Trajectory]) -> list[torch.Tensor]:
-        return [discounted_returns(step_rewards([t.reward for t in traj.transitions], traj.reward),
-                                   self.config.gamma) for traj in group]
-
-    def _autocast(self):
+    def autocast(self):
+        """The precision context of forward passes (bf16 autocast where the CPU has it)."""
         return torch.autocast("cpu", dtype=torch.bfloat16) if self.bf16 else nullcontext()
 
     def update(self, samples: list[Sample]) -> dict:
@@ -296,7 +195,7 @@ class Trainer:
         for chunk, share in zip(chunks, shares):
             weight = share / total
             batch = collate(chunk, self.pad_id)
-            with self._autocast():
+            with self.autocast():
                 logp, hidden, entropy = token_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
                                                        batch["loss_mask"], with_entropy=True)
                 loss, chunk_stats = self.loss(logp, hidden, batch)
@@ -355,11 +254,16 @@ class Trainer:
     def version_name(self, n: int) -> str:
         return f"{self.config.run_name}-v{n}"
 
+    def publish_next(self) -> str:
+        """Count one more update (an SFT warm start, say) and publish it as the next version."""
+        self.iteration += 1
+        return self.publish(self.iteration)
+
     def publish(self, n: int) -> str:
         """Save adapter vN atomically and make the live policy serve it."""
         path = save_adapter(self.model, self.out / "adapters" / self.version_name(n))
         version = self.version_name(n)
-        if version not in self.policy.versions:
+        if version not in self.policy.versions():
             self.policy.load_adapter(path, version)
         return version
 

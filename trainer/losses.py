@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from forge_bridge.core.errors import InvalidArgument
+
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token") -> torch.Tensor:
     """Mean over masked tokens: `token` weighs every token alike (long answers count more);
@@ -20,7 +22,7 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token") 
         per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B]
         has_tokens = (mask.sum(-1) > 0).to(per_token.dtype)  # [B]
         return (per_seq * has_tokens).sum() / has_tokens.sum().clamp(min=1)
-    raise ValueError(f"mode: expected 'token' or 'sequence', got {mode!r}")
+    raise InvalidArgument(f"mode: expected 'token' or 'sequence', got {mode!r}")
 
 
 def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
@@ -52,18 +54,6 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1.0
 
 
-def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-               old_values: torch.Tensor | None = None, clip: float | None = None) -> torch.Tensor:
-    """0.5 * (V - R)^2 over masked entries, optionally PPO-clipped around old values.
-    values, returns, mask (and old_values): [B, S] -> scalar."""
-    err = (values - returns) ** 2
-    if clip is not None and old_values is not None:
-        clipped = old_values + torch.clamp(values - old_values, -clip, clip)
-        err = torch.maximum(err, (clipped - returns) ** 2)
-    return 0.5 * aggregate(err, mask, "token")
-
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of each row's distribution.  [..., V] -> [...]."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """0.5 * (V - R)^2 over masked entries.  values, returns, mask: [B, S] -> scalar."""
+    return 0.5 * aggregate((values - returns) ** 2, mask, "token")

@@ -11,11 +11,14 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-
 from forge_bridge.trainer.batch import build_samples, collate
-from forge_bridge.trainer.lora import token_logprobs
+from forge_bridge.trainer.config import SFTConfig
+from forge_bridge.trainer.logprobs import token_logprobs
+from forge_bridge.trainer.loop import Trainer
 from forge_bridge.trainer.losses import aggregate
-from forge_bridge.types import Trajectory
+
+from forge_bridge.core.errors import InvalidArgument
+from forge_bridge.core.types import Trajectory
 
 
 def sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -23,32 +26,31 @@ def sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return -aggregate(logp, mask, "token")
 
 
-def supervised_finetune(trainer, demonstrations: Sequence[Trajectory], *, epochs: int = 2,
-                        lr: float | None = None, batch_size: int | None = None,
-                        publish: bool = True) -> dict:
-    """Train `trainer`'s LoRA on the demonstrations; then publish the result as its next version.
-    `lr` and `batch_size` default to the trainer's RL settings."""
+def supervised_finetune(trainer: Trainer, demonstrations: Sequence[Trajectory],
+                        config: SFTConfig = SFTConfig()) -> dict:
+    """Train `trainer`'s LoRA on the demonstrations (and, by default, publish the result as its
+    next adapter version); returns the loss before and after."""
     from tqdm.auto import tqdm
 
     trajs = [t for t in demonstrations if t.transitions]
     ones = [torch.ones(len(t.transitions)) for t in trajs]
     samples, stats = build_samples(trajs, ones, trainer.config.max_seq_len, trainer.config.merge_steps)
     if not samples:
-        raise ValueError("supervised_finetune: the demonstrations hold no trainable steps "
-                         "(were they recorded with token ids?)")
+        raise InvalidArgument("supervised_finetune: the demonstrations hold no trainable steps "
+                              "(were they recorded with token ids?)")
     optimizer = torch.optim.AdamW([p for p in trainer.model.parameters() if p.requires_grad],
-                                  lr=lr or trainer.config.lr)
+                                  lr=config.lr or trainer.config.lr)
     trainer.model.train()
     losses = []
-    size = batch_size or trainer.config.minibatch_size
-    steps = epochs * -(-len(samples) // size)
+    size = config.batch_size or trainer.config.minibatch_size
+    steps = config.epochs * -(-len(samples) // size)
     with tqdm(total=steps, desc="sft", disable=not trainer.config.progress) as bar:
-        for _ in range(epochs):
+        for _ in range(config.epochs):
             order = list(range(len(samples)))
             trainer.rng.shuffle(order)
             for start in range(0, len(order), size):
                 batch = collate([samples[i] for i in order[start:start + size]], trainer.pad_id)
-                with trainer._autocast():
+                with trainer.autocast():
                     logp, _, _ = token_logprobs(trainer.model, batch["input_ids"], batch["attention_mask"],
                                                 batch["loss_mask"])
                     loss = sft_loss(logp, batch["loss_mask"])
@@ -62,7 +64,9 @@ def supervised_finetune(trainer, demonstrations: Sequence[Trajectory], *, epochs
     trainer.model.eval()
     result = {"sft_samples": stats.samples, "sft_tokens": stats.trained_tokens,
               "sft_loss_first": losses[0], "sft_loss_last": losses[-1]}
-    if publish:
-        trainer.iteration += 1
-        result["adapter"] = trainer.publish(trainer.iteration)
+    if config.publish:
+        result["adapter"] = trainer.publish_next()
     return result
+
+
+__all__ = ["SFTConfig", "sft_loss", "supervised_finetune"]

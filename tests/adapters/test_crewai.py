@@ -5,15 +5,15 @@ import uuid
 
 import crew_demos
 import pytest
+from forge_bridge.adapters.crewai import ForgeLLM
 
 import forge_bridge as fb
-from forge_bridge import models
-from forge_bridge.adapters.crewai import ForgeLLM
-from forge_bridge.policy import PolicyUnavailable
-from forge_bridge.scripted_policy import ScriptedPolicy
-from forge_bridge.store import TrajectoryStore
-from forge_bridge.vllm_policy import VLLMPolicy
-from forge_bridge.vllm_server import free_port
+from forge_bridge.core.errors import PolicyUnavailable
+from forge_bridge.core.store import TrajectoryStore
+from forge_bridge.policies import models
+from forge_bridge.policies.scripted import ScriptedPolicy
+from forge_bridge.policies.vllm import VLLMPolicy
+from forge_bridge.policies.vllm_server import free_port
 
 GREEDY = {"temperature": 0, "max_tokens": 64}
 
@@ -61,8 +61,8 @@ def test_two_role_crew_routes_each_role_to_its_own_adapter(backend, recorder, ad
     researcher_v, writer_v = f"researcher-{tag}", f"writer-{tag}"
     backend.load_adapter(adapter_dirs["v1"], researcher_v, slot="researcher")
     backend.load_adapter(adapter_dirs["v2"], writer_v, slot="writer")
-    assert backend.current_adapter is None  # the default slot still serves the base model
-    llm = ForgeLLM(backend, role_adapter={"researcher": "researcher", "writer": "writer"}, **GREEDY)
+    assert backend.current() is None  # the default slot still serves the base model
+    llm = ForgeLLM(backend, role_slot={"researcher": "researcher", "writer": "writer"}, **GREEDY)
     with fb.episode("research", recorder=recorder) as ep:
         crew_demos.research_crew(llm).kickoff()
         ep.reward(1.0)

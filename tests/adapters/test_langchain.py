@@ -4,6 +4,7 @@ import asyncio
 import threading
 
 import pytest
+from forge_bridge.adapters.langchain import ForgeChatModel, ForgeMiddleware
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.messages import AIMessage, HumanMessage
@@ -11,13 +12,12 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.tools import tool
 
 import forge_bridge as fb
-from forge_bridge import testing
-from forge_bridge.adapters.langchain import ForgeChatModel, ForgeMiddleware
-from forge_bridge.policy import PolicyUnavailable
-from forge_bridge.scripted_policy import ScriptedPolicy
-from forge_bridge.store import TrajectoryStore
-from forge_bridge.vllm_policy import VLLMPolicy
-from forge_bridge.vllm_server import free_port
+from forge_bridge.app import testing
+from forge_bridge.core.errors import PolicyUnavailable
+from forge_bridge.core.store import TrajectoryStore
+from forge_bridge.policies.scripted import ScriptedPolicy
+from forge_bridge.policies.vllm import VLLMPolicy
+from forge_bridge.policies.vllm_server import free_port
 
 QUESTION = {"messages": [{"role": "user", "content": "What is 2 plus 3?"}]}
 
@@ -140,7 +140,7 @@ def test_policy_outage_ends_the_episode_as_failed(recorder):
 
 
 def test_malformed_tool_call_is_recorded_and_fails_the_episode(taught_model_dir, recorder):
-    from forge_bridge import models
+    from forge_bridge.policies import models
 
     tokenizer = models.load(str(taught_model_dir))[1]
     bad = '<tool_call>{"name": "add", "arguments": {"a": 2,, "b": 3}}</tool_call>'
@@ -258,7 +258,7 @@ def test_unchanged_chatopenai_agent_is_recorded_through_the_gateway(taught_model
 
 
 def test_parallel_tool_calls_on_worker_threads_land_in_their_step(taught_model_dir, recorder):
-    from forge_bridge import models
+    from forge_bridge.policies import models
 
     tokenizer = models.load(str(taught_model_dir))[1]
 

@@ -4,16 +4,16 @@ of the agent's model calls one recorded step, the agent's own tools and prompts 
 import json
 
 import pytest
+from forge_bridge.adapters.langchain import ForgeMiddleware
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.tools import tool
 
 import forge_bridge as fb
-from forge_bridge import models
-from forge_bridge.adapters.langchain import ForgeMiddleware
-from forge_bridge.agent_env import AgentEnvironment
-from forge_bridge.harness import HarnessAgent
-from forge_bridge.scripted_policy import ScriptedPolicy
+from forge_bridge.envs.agent import AgentEnvironment
+from forge_bridge.envs.harness import HarnessAgent
+from forge_bridge.policies import models
+from forge_bridge.policies.scripted import ScriptedPolicy
 
 ran: list[tuple[int, int]] = []
 

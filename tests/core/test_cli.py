@@ -4,9 +4,9 @@ import sys
 
 import pytest
 
-from forge_bridge.cli import main
-from forge_bridge.store import TrajectoryStore
-from forge_bridge.types import Action, Observation, Trajectory, Transition
+from forge_bridge.app.cli import main
+from forge_bridge.core.store import TrajectoryStore
+from forge_bridge.core.types import Action, Observation, Trajectory, Transition
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def test_export_missing_store_is_a_clear_error(tmp_path, capsys):
 
 @pytest.mark.parametrize("cmd", [[], ["demo"], ["export"], ["serve"], ["train"], ["eval"], ["merge"], ["plot"]])
 def test_help_is_available(cmd):
-    proc = subprocess.run([sys.executable, "-m", "forge_bridge.cli", *cmd, "--help"],
+    proc = subprocess.run([sys.executable, "-m", "forge_bridge.app.cli", *cmd, "--help"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "usage: forge-bridge" in proc.stdout
 
@@ -53,11 +53,11 @@ def test_serve_starts_vllm_with_the_adapter_and_prints_its_url(taught_model_dir,
 
     import httpx
 
-    from forge_bridge import testing
-    from forge_bridge.vllm_server import free_port
+    from forge_bridge.app import testing
+    from forge_bridge.policies.vllm_server import free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "forge_bridge.cli", "serve", str(taught_model_dir),
+    proc = subprocess.Popen([sys.executable, "-m", "forge_bridge.app.cli", "serve", str(taught_model_dir),
                              "--adapter", str(adapter_dirs["v1"]), "--adapter-name", "tuned",
                              "--port", str(port), "--max-model-len", "1024"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -95,7 +95,6 @@ def test_serve_starts_vllm_with_the_adapter_and_prints_its_url(taught_model_dir,
 
 
 def test_train_command_runs_a_users_rollout_module(taught_model_dir, tmp_path, monkeypatch):
-    import forge_bridge as fb
 
     (tmp_path / "my_agent.py").write_text(
         "TASKS = [{'id': 'a', 'q': 'What is 2 plus 3?'}]\n"
@@ -123,3 +122,26 @@ def test_train_command_runs_a_users_rollout_module(taught_model_dir, tmp_path, m
     assert json.loads((earlier / "run.json").read_text())["run_id"] == first_run
     assert json.loads((out / "run.json").read_text())["run_id"] != first_run
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_config_flags_come_from_the_dataclasses():
+    from forge_bridge.trainer.config import TrainerConfig
+
+    from forge_bridge.app.cli import DEMO_FLAGS, TRAIN_FLAGS, build_parser
+    from forge_bridge.app.config_flags import config_kwargs, field_docs
+    from forge_bridge.app.demo import DemoConfig
+
+    parser = build_parser()
+    args = parser.parse_args(["train", "--rollout", "m:r", "--tasks", "m:t"])
+    assert config_kwargs(args, TRAIN_FLAGS) == {}  # every default is the dataclass's own
+    args = parser.parse_args(["train", "--rollout", "m:r", "--tasks", "m:t", "--group-size", "3",
+                              "--out", "x", "--kl-beta", "0.5", "--tasks-per-iteration", "2"])
+    assert config_kwargs(args, TRAIN_FLAGS) == {"group_size": 3, "out_dir": "x", "kl_beta": 0.5,
+                                                "tasks_per_iteration": 2}
+    args = parser.parse_args(["demo", "--seed", "4", "--rl-iterations", "0"])
+    assert config_kwargs(args, DEMO_FLAGS) == {"seed": 4, "rl_iterations": 0}
+    docs = field_docs(TrainerConfig)
+    assert docs["group_size"] == "Rollouts per task per iteration (GRPO's group)."
+    assert docs["gamma"].startswith("Discount over the model calls") and "seed" in field_docs(DemoConfig)
+    train_help = parser._subparsers._group_actions[0].choices["train"].format_help()
+    assert "Rollouts per task per iteration (GRPO's group). (default: 8)" in " ".join(train_help.split())

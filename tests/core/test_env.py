@@ -1,7 +1,8 @@
 import pytest
 
-from forge_bridge.env import Environment, StepResult
-from forge_bridge.types import Action, SchemaError, ToolCall
+from forge_bridge.core.errors import SchemaError
+from forge_bridge.core.types import Action, ToolCall
+from forge_bridge.envs.base import Environment, StepResult
 
 
 class CountdownEnv(Environment):

@@ -6,12 +6,13 @@ import httpx
 import openai
 import pytest
 
-from forge_bridge import testing
-from forge_bridge.gateway import Gateway
-from forge_bridge.local_policy import LocalPolicy
-from forge_bridge.policy import Policy, PolicyUnavailable
-from forge_bridge.session import Recorder
-from forge_bridge.store import TrajectoryStore
+from forge_bridge.app import testing
+from forge_bridge.core.episode import Recorder
+from forge_bridge.core.errors import PolicyUnavailable
+from forge_bridge.core.store import TrajectoryStore
+from forge_bridge.policies.base import Policy
+from forge_bridge.policies.local import LocalPolicy
+from forge_bridge.serving.gateway import Gateway
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import forge_bridge as fb
-from forge_bridge import models
-from forge_bridge.harness import HarnessAgent
-from forge_bridge.scripted_policy import ScriptedPolicy
-from forge_bridge.terminal_env import TerminalEnvironment
-from forge_bridge.tool_env import ToolTask
+from forge_bridge.envs.harness import HarnessAgent
+from forge_bridge.envs.terminal import TerminalEnvironment
+from forge_bridge.envs.tool import ToolTask
+from forge_bridge.policies import models
+from forge_bridge.policies.scripted import ScriptedPolicy
 
 
 def hermes(name: str, **args) -> str:

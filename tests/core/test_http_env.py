@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from forge_bridge.http_env import HTTPTool, HTTPToolEnvironment, JSONService
-from forge_bridge.tool_env import ToolTask
-from forge_bridge.types import Action, ToolCall
+from forge_bridge.core.types import Action, ToolCall
+from forge_bridge.envs.http import HTTPTool, HTTPToolEnvironment, JSONService
+from forge_bridge.envs.tool import ToolTask
 
 
 def inventory_service() -> JSONService:

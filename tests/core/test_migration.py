@@ -4,8 +4,8 @@ is read and migrated to the typed fields, from JSON and from a store written by 
 import json
 import sqlite3
 
-from forge_bridge.store import TrajectoryStore
-from forge_bridge.types import SCHEMA_VERSION, Trajectory
+from forge_bridge.core.store import TrajectoryStore
+from forge_bridge.core.types import SCHEMA_VERSION, Trajectory
 
 V1_DDL = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

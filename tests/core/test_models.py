@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from forge_bridge import models
+from forge_bridge.policies import models
 
 TOOLS = [{"type": "function", "function": {
     "name": "add", "description": "Add two numbers.",

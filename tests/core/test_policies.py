@@ -8,10 +8,11 @@ import uuid
 
 import pytest
 
-from forge_bridge import models, testing
-from forge_bridge.local_policy import LocalPolicy
-from forge_bridge.policy import AdapterError, ContextLengthExceeded
-from forge_bridge.vllm_policy import VLLMPolicy
+from forge_bridge.app import testing
+from forge_bridge.core.errors import AdapterError, ContextLengthExceeded
+from forge_bridge.policies import models
+from forge_bridge.policies.local import LocalPolicy
+from forge_bridge.policies.vllm import VLLMPolicy
 
 GREEDY = {"temperature": 0, "max_tokens": 48}
 
@@ -68,11 +69,11 @@ def test_adapter_changes_outputs_and_rollback_restores_them(backend, adapter_dir
     base = backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY)
     v1 = unique("v1")
     backend.load_adapter(adapter_dirs["v1"], v1)
-    assert backend.current_adapter == v1
+    assert backend.current() == v1
     tuned = backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY)
     assert tuned.adapter == v1 and tuned.completion_token_ids != base.completion_token_ids
     assert "Version" in tuned.text
-    assert backend.rollback() is None and backend.current_adapter is None
+    assert backend.rollback() is None and backend.current() is None
     again = backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY)
     assert again.adapter is None and again.completion_token_ids == base.completion_token_ids
 
@@ -81,7 +82,7 @@ def test_versions_are_kept_for_rollback_and_immutable(backend, adapter_dirs):
     va, vb = unique("a"), unique("b")
     backend.load_adapter(adapter_dirs["v1"], va)
     backend.load_adapter(adapter_dirs["v2"], vb)
-    assert backend.versions == [None, va, vb]
+    assert backend.versions() == [None, va, vb]
     ref_a = None
     assert backend.rollback() == va
     ref_a = backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY)
@@ -147,7 +148,7 @@ def test_corrupt_or_incompatible_adapter_leaves_the_live_version_serving(backend
         backend.load_adapter(wrong, unique("w"))
     with pytest.raises(AdapterError, match="missing"):
         backend.load_adapter(tmp_path, unique("m"))
-    assert backend.current_adapter == live
+    assert backend.current() == live
     after = backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY)
     assert after.adapter == live and after.completion_token_ids == before.completion_token_ids
 
@@ -184,8 +185,8 @@ def test_local_policy_batches_concurrent_callers(taught_model_dir):
 def test_rows_that_finish_early_leave_the_batch_and_the_rest_decode_as_they_would_alone(taught_model_dir):
     from concurrent.futures import Future
 
-    from forge_bridge.local_policy import _Request
-    from forge_bridge.policy import Sampling
+    from forge_bridge.policies.base import Sampling
+    from forge_bridge.policies.local import _Request
 
     with LocalPolicy(str(taught_model_dir), dtype="float32") as policy:
         prompts = [policy.encode(testing.ASK, [testing.ADD_TOOL]), policy.encode(testing.AFTER_TOOL, [testing.ADD_TOOL]),
@@ -205,7 +206,7 @@ def test_rows_that_finish_early_leave_the_batch_and_the_rest_decode_as_they_woul
 
 
 def test_local_policy_refuses_calls_after_close(taught_model_dir):
-    from forge_bridge.policy import PolicyError
+    from forge_bridge.core.errors import PolicyError
 
     policy = LocalPolicy(str(taught_model_dir))
     policy.close()
@@ -214,8 +215,8 @@ def test_local_policy_refuses_calls_after_close(taught_model_dir):
 
 
 def test_vllm_policy_with_no_server_is_a_clear_error():
-    from forge_bridge.policy import PolicyUnavailable
-    from forge_bridge.vllm_server import free_port
+    from forge_bridge.core.errors import PolicyUnavailable
+    from forge_bridge.policies.vllm_server import free_port
 
     policy = VLLMPolicy(f"http://127.0.0.1:{free_port()}/v1", retries=1, backoff_s=0.01)
     t0 = time.monotonic()
@@ -226,8 +227,8 @@ def test_vllm_policy_with_no_server_is_a_clear_error():
 
 
 def test_killing_the_vllm_server_mid_call_is_a_clear_error_not_a_hang(taught_model_dir, tmp_path):
-    from forge_bridge.policy import PolicyUnavailable
-    from forge_bridge.vllm_server import VLLMServer
+    from forge_bridge.core.errors import PolicyUnavailable
+    from forge_bridge.policies.vllm_server import VLLMServer
 
     with VLLMServer(taught_model_dir, log_path=tmp_path / "log") as server:
         policy = VLLMPolicy(server.base_url, retries=2, backoff_s=0.2, timeout_s=60)

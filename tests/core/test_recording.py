@@ -9,10 +9,11 @@ import httpx
 import pytest
 
 import forge_bridge as fb
-from forge_bridge import models, testing
-from forge_bridge.recording import DEFAULT_MAX_MODEL_CALLS, DEFAULT_TOOL_TIMEOUT_S, Limits
-from forge_bridge.scripted_policy import ScriptedPolicy
-from forge_bridge.store import TrajectoryStore
+from forge_bridge.app import testing
+from forge_bridge.core.recording import DEFAULT_MAX_MODEL_CALLS, DEFAULT_TOOL_TIMEOUT_S, Limits
+from forge_bridge.core.store import TrajectoryStore
+from forge_bridge.policies import models
+from forge_bridge.policies.scripted import ScriptedPolicy
 
 QUESTION = "What is 2 plus 3?"
 CALL = testing.CALL
@@ -36,11 +37,10 @@ def malformed(messages, tools) -> str:
 
 # --------------------------------------------------------------------------- the four front ends
 def run_langchain(policy, recorder, limit):
+    from forge_bridge.adapters.langchain import ForgeMiddleware
     from langchain.agents import create_agent
     from langchain_core.language_models.fake_chat_models import FakeListChatModel
     from langchain_core.tools import tool
-
-    from forge_bridge.adapters.langchain import ForgeMiddleware
 
     @tool
     def add(a: int, b: int) -> int:
@@ -66,8 +66,8 @@ def run_crewai(policy, recorder, limit):
 
 
 def run_harness(policy, recorder, limit):
-    from forge_bridge.harness import HarnessAgent
-    from forge_bridge.tool_env import ToolEnvironment, ToolTask
+    from forge_bridge.envs.harness import HarnessAgent
+    from forge_bridge.envs.tool import ToolEnvironment, ToolTask
 
     class AddEnv(ToolEnvironment):
         def tool_functions(self):
@@ -78,7 +78,7 @@ def run_harness(policy, recorder, limit):
 
 
 def run_gateway(policy, recorder, limit):
-    from forge_bridge.gateway import Gateway
+    from forge_bridge.serving.gateway import Gateway
 
     with Gateway(policy, recorder, max_model_calls=limit) as gw, httpx.Client(timeout=60) as client:
         url = gw.episode_url("ep-1")
@@ -166,8 +166,9 @@ def test_a_tool_loop_is_cut_at_the_step_limit_and_ends_truncated(front_end, toke
 def test_limits_are_on_by_default_in_every_front_end_and_may_be_turned_off(tokenizer):
     from forge_bridge.adapters.crewai import ForgeLLM
     from forge_bridge.adapters.langchain import ForgeMiddleware
-    from forge_bridge.gateway import Gateway
-    from forge_bridge.harness import HarnessAgent
+
+    from forge_bridge.envs.harness import HarnessAgent
+    from forge_bridge.serving.gateway import Gateway
 
     policy = ScriptedPolicy(answers, tokenizer)
     defaults = Limits()

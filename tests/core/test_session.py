@@ -3,9 +3,10 @@ import threading
 
 import pytest
 
-from forge_bridge.session import EpisodeClosed, Recorder, current_episode, episode
-from forge_bridge.store import TrajectoryStore
-from forge_bridge.types import Action, Observation, ToolCall, Transition
+from forge_bridge.core.episode import Recorder, current_episode, episode
+from forge_bridge.core.errors import EpisodeClosed
+from forge_bridge.core.store import TrajectoryStore
+from forge_bridge.core.types import Action, Observation, ToolCall, Transition
 
 
 @pytest.fixture
@@ -140,7 +141,7 @@ def test_the_graver_end_reason_wins(recorder):
 
 
 def test_a_registered_framework_limit_escaping_the_episode_ends_it_truncated(recorder):
-    from forge_bridge.session import register_truncation
+    from forge_bridge.core.episode import register_truncation
 
     class LoopLimit(RuntimeError):
         pass

@@ -2,8 +2,9 @@ import json
 
 import pytest
 
-from forge_bridge.store import StoreError, TrajectoryStore
-from forge_bridge.types import Action, Observation, SchemaError, Trajectory, Transition
+from forge_bridge.core.errors import SchemaError, StoreError
+from forge_bridge.core.store import TrajectoryStore
+from forge_bridge.core.types import Action, Observation, Trajectory, Transition
 
 
 def step(i: int, adapter: str = "r-v0") -> Transition:

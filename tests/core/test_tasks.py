@@ -4,12 +4,11 @@ through the same LangChain agent the demo trains."""
 import re
 
 import forge_bridge as fb
-import forge_bridge.tasks
-from forge_bridge import models
-from forge_bridge.demo import build_agent, rates, run_tasks
-from forge_bridge.scripted_policy import ScriptedPolicy
-from forge_bridge.store import TrajectoryStore
-from forge_bridge.tasks import CITIES, check_answer, make_splits
+from forge_bridge.app.demo import build_agent, rates, run_tasks
+from forge_bridge.app.tasks import CITIES, check_answer, expert_reply, make_splits
+from forge_bridge.core.store import TrajectoryStore
+from forge_bridge.policies import models
+from forge_bridge.policies.scripted import ScriptedPolicy
 
 
 def test_splits_are_fixed_and_held_out_cities_are_unseen():
@@ -33,7 +32,7 @@ def test_check_answer_is_exact():
 
 def test_the_scripted_expert_solves_every_task_through_the_agent(tmp_path):
     tokenizer = models.tiny_tokenizer()
-    agent = build_agent(ScriptedPolicy(fb.tasks.expert_reply, tokenizer), 0.0, 64)
+    agent = build_agent(ScriptedPolicy(expert_reply, tokenizer), 0.0, 64)
     train, held_out = make_splits(train_per_kind=3, eval_per_kind=3)
     recorder = fb.Recorder(TrajectoryStore(tmp_path / "t.db"), run_id="expert")
     passed = run_tasks(agent, held_out, recorder, greedy=True, concurrency=4, desc="x", progress=False)

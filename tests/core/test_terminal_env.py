@@ -4,14 +4,13 @@ commands and floods of output are contained and recorded."""
 import json
 import os
 import socket
-from pathlib import Path
 
 import pytest
 
-from forge_bridge.confined import CommandLimits, network_isolation_prefix, run_confined
-from forge_bridge.terminal_env import TerminalEnvironment
-from forge_bridge.tool_env import ToolTask
-from forge_bridge.types import Action, ToolCall
+from forge_bridge.core.types import Action, ToolCall
+from forge_bridge.envs.confined import CommandLimits, network_isolation_prefix, run_confined
+from forge_bridge.envs.terminal import TerminalEnvironment
+from forge_bridge.envs.tool import ToolTask
 
 
 def call(name: str, **args) -> Action:

@@ -1,6 +1,6 @@
 import json
 
-from forge_bridge.toolcalls import parse_hermes
+from forge_bridge.policies.toolcalls import parse_hermes
 
 
 def test_well_formed_call_becomes_an_openai_tool_call():

@@ -2,8 +2,16 @@ import json
 
 import pytest
 
-from forge_bridge.types import (SCHEMA_VERSION, Action, Observation, SchemaError, ToolCall,
-                                Trajectory, TrajectoryGroup, Transition)
+from forge_bridge.core.errors import SchemaError
+from forge_bridge.core.types import (
+    SCHEMA_VERSION,
+    Action,
+    Observation,
+    ToolCall,
+    Trajectory,
+    TrajectoryGroup,
+    Transition,
+)
 
 
 def make_transition(**over) -> Transition:

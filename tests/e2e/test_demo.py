@@ -5,12 +5,12 @@ import json
 import subprocess
 import sys
 
-from forge_bridge.store import TrajectoryStore
+from forge_bridge.core.store import TrajectoryStore
 
 
 def test_demo_pipeline_runs_end_to_end(taught_model_dir, tmp_path):
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "forge_bridge.cli", "demo", "--quick",
+    proc = subprocess.run([sys.executable, "-m", "forge_bridge.app.cli", "demo", "--quick",
                            "--model", str(taught_model_dir), "--out", str(out)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -26,7 +26,9 @@ def test_demo_pipeline_runs_end_to_end(taught_model_dir, tmp_path):
     with TrajectoryStore(out / "trajectories.db") as store:
         assert store.count(run_id="demonstrations", status="complete") == 12
         assert store.count(run_id="eval-base") == store.count(run_id="eval-rl") == 6
-        rl = store.trajectories(run_id="rl")
+        run_id = json.loads((out / "run.json").read_text())["run_id"]
+        assert run_id.startswith("demo-")
+        rl = store.trajectories(run_id=run_id)
         assert len(rl) == 2 * 3 * 4 and {t.transitions[0].adapter for t in rl} >= {"demo-v1"}
         for it in (2, 3):  # each iteration: one task of each kind, a group of 4 rollouts each
             kinds = sorted(t.task_id.rsplit("-", 1)[0] for t in rl if t.metadata["iteration"] == it)
@@ -38,7 +40,7 @@ def test_demo_pipeline_runs_end_to_end(taught_model_dir, tmp_path):
 
 def test_demo_with_no_grpo_iteration_reports_sft_alone(taught_model_dir, tmp_path):
     out = tmp_path / "sft-only"
-    proc = subprocess.run([sys.executable, "-m", "forge_bridge.cli", "demo", "--quick", "--rl-iterations",
+    proc = subprocess.run([sys.executable, "-m", "forge_bridge.app.cli", "demo", "--quick", "--rl-iterations",
                            "0", "--sft-epochs", "2", "--model", str(taught_model_dir), "--out", str(out)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -50,7 +52,7 @@ def test_demo_with_no_grpo_iteration_reports_sft_alone(taught_model_dir, tmp_pat
 
 
 def test_a_new_run_sets_the_earlier_one_aside(tmp_path):
-    from forge_bridge.runs import set_aside
+    from forge_bridge.core.runs import set_aside
 
     out = tmp_path / "demo"
     assert set_aside(out) is None

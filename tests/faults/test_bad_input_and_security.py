@@ -7,11 +7,11 @@ import re
 from pathlib import Path
 
 import pytest
+from forge_bridge.trainer.rollouts import RolloutError
 
 import forge_bridge as fb
-from forge_bridge.demo import DemoConfig
-from forge_bridge.http_env import JSONService
-from forge_bridge.trainer.loop import RolloutError
+from forge_bridge.app.demo import DemoConfig
+from forge_bridge.envs.http import JSONService
 
 PACKAGE_DIRS = [Path(fb.__file__).parent, Path(fb.__file__).parent.parent / "adapters",
                 Path(fb.__file__).parent.parent / "trainer"]
@@ -19,7 +19,7 @@ PACKAGE_DIRS = [Path(fb.__file__).parent, Path(fb.__file__).parent.parent / "ada
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from forge_bridge import models
+    from forge_bridge.policies import models
 
     return str(models.save(*models.tiny(), tmp_path_factory.mktemp("tiny") / "m"))
 
@@ -59,7 +59,7 @@ def test_a_reward_function_that_raises_or_returns_nan_stops_the_run_before_train
 
     with pytest.raises(RolloutError, match=re.escape(message)):
         trainer.train(rollout, [{"id": "a"}], iterations=1)
-    assert trainer.iteration == 0 and policy.current_adapter is None  # nothing trained or published
+    assert trainer.iteration == 0 and policy.current() is None  # nothing trained or published
     stored = trainer.recorder.store.trajectories()
     assert len(stored) == 2 and all(t.status == "failed" for t in stored)  # the work is kept, marked
     policy.close()
@@ -67,7 +67,7 @@ def test_a_reward_function_that_raises_or_returns_nan_stops_the_run_before_train
 
 # ----------------------------------------------------------------------------- security
 def test_servers_bind_to_loopback_unless_told_otherwise(tiny_dir, tmp_path):
-    from forge_bridge.vllm_server import VLLMServer
+    from forge_bridge.policies.vllm_server import VLLMServer
 
     with fb.Gateway(fb.LocalPolicy(tiny_dir), fb.Recorder(tmp_path / "g.db")) as gateway:
         assert gateway.base_url.startswith("http://127.0.0.1:")
@@ -123,6 +123,6 @@ def test_an_adapter_outside_the_allowed_folders_is_refused(adapter_dirs, taught_
     for path in (tmp_path / "copy", sneaky / "copy", allowed / ".." / "outside"):
         with pytest.raises(fb.AdapterError, match="outside the allowed folders"):
             policy.load_adapter(path, "bad-v1")
-    assert policy.current_adapter == "ok-v1"
+    assert policy.current() == "ok-v1"
     sneaky.unlink()
     policy.close()

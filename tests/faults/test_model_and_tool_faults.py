@@ -7,16 +7,16 @@ import json
 import time
 
 import pytest
+from forge_bridge.adapters.langchain import ForgeMiddleware
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.tools import tool
 
 import forge_bridge as fb
-from forge_bridge import models
-from forge_bridge.adapters.langchain import ForgeMiddleware
-from forge_bridge.harness import HarnessAgent
-from forge_bridge.scripted_policy import ScriptedPolicy
-from forge_bridge.tool_env import ToolEnvironment, ToolTask, function_schema
+from forge_bridge.envs.harness import HarnessAgent
+from forge_bridge.envs.tool import ToolEnvironment, ToolTask, function_schema
+from forge_bridge.policies import models
+from forge_bridge.policies.scripted import ScriptedPolicy
 
 
 @tool
@@ -118,7 +118,7 @@ def test_an_endless_tool_loop_is_cut_at_the_step_limit_and_recorded_as_truncated
 
 def test_output_past_the_context_is_cut_and_a_prompt_past_it_truncates_the_episode(
         taught_model_dir, recorder):
-    from forge_bridge.recording import Limits, call_policy
+    from forge_bridge.core.recording import Limits, call_policy
 
     policy = fb.LocalPolicy(str(taught_model_dir))
     ctx = policy.max_context

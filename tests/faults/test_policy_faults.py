@@ -6,13 +6,13 @@ import time
 
 import pytest
 from fake_vllm import FakeVLLM
+from forge_bridge.adapters.langchain import ForgeMiddleware
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.tools import tool
 
 import forge_bridge as fb
-from forge_bridge.adapters.langchain import ForgeMiddleware
-from forge_bridge.vllm_policy import VLLMPolicy
+from forge_bridge.policies.vllm import VLLMPolicy
 
 QUESTION = {"messages": [{"role": "user", "content": "What is 2 plus 3?"}]}
 
@@ -110,7 +110,7 @@ def test_a_server_down_for_longer_fails_that_episode_and_the_next_one_runs_after
 
 
 def test_the_trainer_skips_failed_episodes_counts_them_and_trains_on_the_rest(server, tmp_path, capsys):
-    from forge_bridge import models
+    from forge_bridge.policies import models
 
     model_dir = models.save(*models.tiny(), tmp_path / "tiny")
     policy = VLLMPolicy(server.url, retries=0)

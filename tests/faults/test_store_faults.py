@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from forge_bridge.store import StoreError, TrajectoryStore
-from forge_bridge.types import Action, Observation, Trajectory, Transition
+from forge_bridge.core.store import TrajectoryStore
+from forge_bridge.core.types import Action, Observation, Trajectory, Transition
 
 
 def step(i: int, size: int = 3) -> Transition:
@@ -26,8 +26,8 @@ def test_killed_writer_leaves_every_committed_step_and_an_incomplete_trajectory(
     db = tmp_path / "kill.db"
     writer = textwrap.dedent(f"""
         import sys
-        from forge_bridge.store import TrajectoryStore
-        from forge_bridge.types import Action, Observation, Trajectory, Transition
+        from forge_bridge.core.store import TrajectoryStore
+        from forge_bridge.core.types import Action, Observation, Trajectory, Transition
         store = TrajectoryStore({str(db)!r})
         traj = Trajectory(id="victim", task_id="t")
         store.begin(traj)
@@ -89,8 +89,8 @@ FULL_DISK_WRITER = textwrap.dedent("""
     import resource, signal, sys
     sys.path.insert(0, {tests!r})
     from test_store_faults import step
-    from forge_bridge.store import StoreError, TrajectoryStore
-    from forge_bridge.types import Trajectory
+    from forge_bridge.core.store import StoreError, TrajectoryStore
+    from forge_bridge.core.types import Trajectory
 
     store = TrajectoryStore({db!r})
     store.begin(Trajectory(id="before"))
@@ -132,7 +132,7 @@ def test_a_read_only_disk_is_a_clear_error_and_the_stored_data_stays_readable(tm
     with TrajectoryStore(folder / "s.db") as store:
         store.begin(Trajectory(id="kept", task_id="t"))
         store.append("kept", step(1))
-    probe = ("import sys\nfrom forge_bridge.store import TrajectoryStore, StoreError\n"
+    probe = ("import sys\nfrom forge_bridge.core.store import TrajectoryStore, StoreError\n"
              f"try:\n    TrajectoryStore({str(folder / 's.db')!r}).begin(__import__('forge_bridge').Trajectory())\n"
              "except StoreError as exc:\n    print('ERROR', exc)\n")
     script = f"mount --bind -o ro {folder} {folder} && {sys.executable} -c \"$0\""

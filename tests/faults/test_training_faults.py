@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import forge_bridge as fb
-from forge_bridge.policy import check_adapter_dir
-from forge_bridge.store import TrajectoryStore
+from forge_bridge.core.store import TrajectoryStore
+from forge_bridge.policies.base import check_adapter_dir
 
 TRAINER_TESTS = Path(__file__).parent.parent / "trainer"
 
@@ -48,7 +48,7 @@ SCRIPT = textwrap.dedent("""
 
     trainer.model.save_pretrained = hooked_save
     trainer.train(hooked_rollout, training_task.TASKS, iterations=3, resume={resume})
-    print("DONE", trainer.iteration, policy.current_adapter, flush=True)
+    print("DONE", trainer.iteration, policy.current(), flush=True)
 """)
 
 
@@ -112,7 +112,7 @@ def test_sigkill_then_resume_completes_and_never_publishes_half_an_adapter(point
 
 
 def test_a_corrupt_adapter_is_refused_and_the_live_version_keeps_serving(taught_model_dir, adapter_dirs, tmp_path):
-    from forge_bridge import testing
+    from forge_bridge.app import testing
 
     policy = fb.LocalPolicy(str(taught_model_dir))
     policy.load_adapter(adapter_dirs["v1"], "v1")
@@ -125,6 +125,6 @@ def test_a_corrupt_adapter_is_refused_and_the_live_version_keeps_serving(taught_
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # cut mid-write
     with pytest.raises(fb.AdapterError):
         policy.load_adapter(corrupt, "v2-corrupt")
-    assert policy.current_adapter == "v1" and "v2-corrupt" not in policy.versions
+    assert policy.current() == "v1" and "v2-corrupt" not in policy.versions()
     assert policy.chat(testing.ASK, [testing.ADD_TOOL], temperature=0).text == served == "Version one."
     policy.close()

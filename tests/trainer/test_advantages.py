@@ -2,9 +2,7 @@
 
 import pytest
 import torch
-
-from forge_bridge.trainer.advantages import (broadcast_to_tokens, discounted_returns, gae,
-                                             group_advantages, step_rewards)
+from forge_bridge.trainer.advantages import discounted_returns, gae, group_advantages, step_rewards
 
 
 def close(a, b):
@@ -72,8 +70,3 @@ def test_per_step_credit_goes_to_the_early_call_that_decided_success():
     assert close([a[2] for a in adv], [0.5, 0.5, -0.5, -0.5])
     # With gamma, the decisive early step is credited, discounted by its distance to the outcome.
     assert float(adv[0][0]) == pytest.approx(gamma ** 2 * 0.5)
-
-
-def test_broadcast_to_completion_tokens():
-    parts = broadcast_to_tokens(torch.tensor([0.5, -1.0]), [3, 2])
-    assert [p.tolist() for p in parts] == [[0.5, 0.5, 0.5], [-1.0, -1.0]]

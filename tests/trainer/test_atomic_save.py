@@ -10,11 +10,12 @@ import textwrap
 import pytest
 from safetensors.torch import load_file
 
-from forge_bridge.policy import check_adapter_dir
+from forge_bridge.policies.base import check_adapter_dir
 
 SCRIPT = textwrap.dedent("""
     import os, signal
-    from forge_bridge import atomic, models
+    from forge_bridge.core import atomic
+    from forge_bridge.policies import models
     from forge_bridge.trainer.lora import attach_lora, save_adapter
 
     model = attach_lora(models.tiny()[0], 4, 8, ("q_proj",))
@@ -59,8 +60,9 @@ def test_a_kill_in_the_middle_of_an_adapter_save_leaves_a_loadable_version(when,
     assert leftovers and all(name.startswith(".run-v3-tmp") for name in leftovers)
 
     # the next save clears what the killed one left behind
-    from forge_bridge import models
     from forge_bridge.trainer.lora import attach_lora, save_adapter
+
+    from forge_bridge.policies import models
 
     model = attach_lora(models.tiny()[0], 4, 8, ("q_proj",))
     save_adapter(model, path)

@@ -2,17 +2,44 @@
 against hand-computed advantages."""
 
 import pytest
+import torch
+from forge_bridge.trainer.config import GRPOConfig, PPOConfig
+from forge_bridge.trainer.grpo import grpo_advantages
+from forge_bridge.trainer.ppo import ppo_advantages
 
 import forge_bridge as fb
-from forge_bridge import models
-from forge_bridge.types import Action, Observation, Trajectory, Transition
+from forge_bridge.core.types import Action, Observation, Trajectory, TrajectoryGroup, Transition
+from forge_bridge.policies import models
 
 
-def rollout(reward: float, token: int) -> Trajectory:
+def rollout(reward: float, token: int, group: str = "g", role: str | None = None, steps: int = 1) -> Trajectory:
     step = Transition(observation=Observation(messages=[{"role": "user", "content": "q"}]),
                       action=Action(content="a"), prompt_token_ids=[1, 2], completion_token_ids=[token],
                       completion_logprobs=[-0.5])
-    return Trajectory(transitions=[step], reward=reward)
+    return Trajectory(transitions=[step] * steps, reward=reward, group_id=group, role=role)
+
+
+def group(group_id: str, *trajectories: Trajectory) -> TrajectoryGroup:
+    return TrajectoryGroup(group_id, None, list(trajectories), role=trajectories[0].role)
+
+
+def test_grpo_advantages_by_hand():
+    # gamma 0.5, two steps: the pass has returns [0.5, 1], the fail [0, 0]; per step, mean and std
+    # over the group: step 0 (0.5, 0) -> (+1, -1); step 1 (1, 0) -> (+1, -1)
+    two = [group("g", rollout(1.0, 10, steps=2), rollout(0.0, 11, steps=2))]
+    (adv,) = grpo_advantages(two, GRPOConfig(gamma=0.5))
+    assert [a.tolist() for a in adv] == [pytest.approx([1.0, 1.0], abs=1e-4), pytest.approx([-1.0, -1.0], abs=1e-4)]
+    # without the std: the return minus the mean, 0.25 and 0.5
+    (adv,) = grpo_advantages(two, GRPOConfig(gamma=0.5, scale_by_std=False))
+    assert [a.tolist() for a in adv] == [pytest.approx([0.25, 0.5]), pytest.approx([-0.25, -0.5])]
+
+
+def test_ppo_advantages_by_hand():
+    # rewards [0, 1] (the outcome on the last step), values [0.5, 0.5], gamma 0.9, lambda 0.5:
+    # t=1: delta = 1 - 0.5 = 0.5 -> A = 0.5; t=0: delta = 0.9 * 0.5 - 0.5 = -0.05 -> A = -0.05 + 0.45 * 0.5
+    traj = rollout(1.0, 10, steps=2)
+    (adv,), (target,) = ppo_advantages([traj], [torch.tensor([0.5, 0.5])], PPOConfig(gamma=0.9, lam=0.5))
+    assert adv.tolist() == pytest.approx([0.175, 0.5]) and target.tolist() == pytest.approx([0.675, 1.0])
 
 
 def advantages(trainer, groups) -> dict[int, float]:
@@ -29,9 +56,9 @@ def tiny_dir(tmp_path_factory):
 def test_advantages_against_the_group_or_the_whole_batch(tiny_dir, tmp_path, baseline):
     policy = fb.LocalPolicy(tiny_dir)
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(baseline=baseline, out_dir=str(tmp_path), progress=False))
-    groups = {("all-pass", None): [rollout(1.0, 10), rollout(1.0, 11)],
-              ("mixed", None): [rollout(1.0, 12), rollout(0.0, 13)],
-              ("other-role", "critic"): [rollout(0.0, 14), rollout(1.0, 15)]}
+    groups = [group("all-pass", rollout(1.0, 10, "all-pass"), rollout(1.0, 11, "all-pass")),
+              group("mixed", rollout(1.0, 12, "mixed"), rollout(0.0, 13, "mixed")),
+              group("other-role", rollout(0.0, 14, "other-role", "critic"), rollout(1.0, 15, "other-role", "critic"))]
     adv, stats = advantages(trainer, groups)
     if baseline == "group":  # the all-pass group says nothing and is left out
         assert adv == pytest.approx({12: 1.0, 13: -1.0, 14: -1.0, 15: 1.0}, abs=1e-4)

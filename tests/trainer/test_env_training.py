@@ -7,10 +7,11 @@ import torch
 import training_task
 
 import forge_bridge as fb
-from forge_bridge import models, testing
-from forge_bridge.harness import HarnessAgent
-from forge_bridge.terminal_env import TerminalEnvironment
-from forge_bridge.tool_env import ToolTask
+from forge_bridge.app import testing
+from forge_bridge.envs.harness import HarnessAgent
+from forge_bridge.envs.terminal import TerminalEnvironment
+from forge_bridge.envs.tool import ToolTask
+from forge_bridge.policies import models
 
 PROMPT = "Create hello.txt containing hello."
 
@@ -55,7 +56,7 @@ def test_grpo_trains_on_a_terminal_environment_then_on_a_langchain_agent(tmp_pat
     harness = HarnessAgent(policy, TerminalEnvironment, max_model_calls=4, temperature=1.0, max_tokens=64)
     history = trainer.train(harness, TASKS, iterations=2)
 
-    assert [h["adapter"] for h in history] == ["env-v1", "env-v2"] and policy.current_adapter == "env-v2"
+    assert [h["adapter"] for h in history] == ["env-v1", "env-v2"] and policy.current() == "env-v2"
     assert sum(h["batch_samples"] for h in history) > 0  # trained on the terminal rollouts
     assert any(0 < h["reward_mean"] < 1 for h in history)
     with fb.TrajectoryStore(tmp_path / "run" / "trajectories.db") as store:
@@ -69,7 +70,7 @@ def test_grpo_trains_on_a_terminal_environment_then_on_a_langchain_agent(tmp_pat
     # the same trainer object, the same `train`, now on an ordinary LangChain agent
     lc_rollout = training_task.make_rollout(training_task.agent_for(policy))
     history = trainer.train(lc_rollout, training_task.TASKS, iterations=3)
-    assert history[-1]["adapter"] == "env-v3" and policy.current_adapter == "env-v3"
+    assert history[-1]["adapter"] == "env-v3" and policy.current() == "env-v3"
     with fb.TrajectoryStore(tmp_path / "run" / "trajectories.db") as store:
         lc = [t for t in store.trajectories() if t.metadata["iteration"] == 3]
     assert len(lc) == 8 and all(s.info["source"] == "langchain" for t in lc for s in t.transitions)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import training_task
 
-from forge_bridge.store import TrajectoryStore
+from forge_bridge.core.store import TrajectoryStore
 
 SCRIPT = textwrap.dedent("""
     import os, sys, time
@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent("""
     trainer.prepare = slow_prepare
     trainer.train(training_task.make_rollout(training_task.agent_for(policy)), training_task.TASKS,
                   iterations=3, resume={resume})
-    print("DONE", trainer.iteration, policy.current_adapter, flush=True)
+    print("DONE", trainer.iteration, policy.current(), flush=True)
 """)
 
 

@@ -8,14 +8,17 @@ import json
 import crew_demos
 import pytest
 import training_task
-
-import forge_bridge as fb
-from forge_bridge import models, testing
-from forge_bridge.runs import RunExistsError, set_aside
-from forge_bridge.scripted_policy import ScriptedPolicy
-from forge_bridge.store import TrajectoryStore
 from forge_bridge.trainer.config import GRPOConfig
 from forge_bridge.trainer.grpo import GRPOTrainer
+from forge_bridge.trainer.rollouts import tasks_for
+
+import forge_bridge as fb
+from forge_bridge.app import testing
+from forge_bridge.core.errors import RunExistsError
+from forge_bridge.core.runs import set_aside
+from forge_bridge.core.store import TrajectoryStore
+from forge_bridge.policies import models
+from forge_bridge.policies.scripted import ScriptedPolicy
 
 
 def spy_on_groups(trainer) -> list[dict]:
@@ -23,7 +26,7 @@ def spy_on_groups(trainer) -> list[dict]:
     prepare = trainer.prepare
 
     def spying(groups):
-        seen.append({key: sorted(t.id for t in group) for key, group in groups.items()})
+        seen.append({(g.group_id, g.role): sorted(t.id for t in g.trajectories) for g in groups})
         return prepare(groups)
 
     trainer.prepare = spying
@@ -39,7 +42,7 @@ def test_a_second_run_in_a_folder_is_refused_or_resumed_and_never_mixed(tmp_path
     first = GRPOTrainer(policy, config)
     first.train(rollout, training_task.TASKS, iterations=1)
     # iteration 2 starts, records its rollouts, and the process dies before its checkpoint
-    first.collect(rollout, first._tasks_for(1, training_task.TASKS), 1)
+    first.collect(rollout, tasks_for(1, training_task.TASKS, None, config.seed), 1)
     store = first.recorder.store
     assert store.count() == 4
 
@@ -78,10 +81,9 @@ def loops(messages, tools) -> str:
 
 
 def langchain_rollout(policy):
+    from forge_bridge.adapters.langchain import ForgeMiddleware
     from langchain.agents import create_agent
     from langchain_core.language_models.fake_chat_models import FakeListChatModel
-
-    from forge_bridge.adapters.langchain import ForgeMiddleware
 
     agent = create_agent(FakeListChatModel(responses=["unused"]), [training_task.add],
                          middleware=[ForgeMiddleware(policy, max_model_calls=None)])
@@ -111,10 +113,10 @@ def test_a_model_looping_until_the_framework_limit_is_trained_on_as_truncated(ma
     trainer = GRPOTrainer(policy, GRPOConfig(group_size=2, out_dir=str(tmp_path / "run"), progress=False,
                                              skip_uniform_groups=False), model=str(taught_model_dir))
     groups, stats = trainer.collect(make_rollout(policy), [("loop", {"id": "loop"})], 0)
-    (group,) = groups.values()
-    assert len(group) == 2 and stats["episodes_crashed"] == 0 and stats["episodes_truncated"] == 2
-    for traj in group:
+    (group,) = groups
+    assert len(group) == 2 and group.role == (None if make_rollout is langchain_rollout else "calculator") and stats["episodes_crashed"] == 0 and stats["episodes_truncated"] == 2
+    for traj in group.trajectories:
         assert traj.end_reason == "truncated" and traj.reward == 0.0 and len(traj) >= 2
         assert traj.transitions[-1].truncated
     samples, batch_stats, _ = trainer.prepare(groups)
-    assert batch_stats.samples == sum(len(t) for t in group) and batch_stats.untrainable_steps == 0
+    assert batch_stats.samples == sum(len(t) for t in group.trajectories) and batch_stats.untrainable_steps == 0

@@ -3,7 +3,7 @@
 import pytest
 
 import forge_bridge as fb
-from forge_bridge import models
+from forge_bridge.policies import models
 
 
 def test_a_schedule_chooses_the_tasks_of_each_iteration(tmp_path):

@@ -4,10 +4,10 @@
 import pytest
 import torch
 import training_task
+from forge_bridge.trainer.sft import SFTConfig, supervised_finetune
 
 import forge_bridge as fb
-from forge_bridge.store import TrajectoryStore
-from forge_bridge.trainer.sft import supervised_finetune
+from forge_bridge.core.store import TrajectoryStore
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_rl_improves_the_success_rate_and_moves_only_the_lora(algo, choice_model
             (p for m in trainer.extra_modules.values() for p in m.parameters()), value_before))
     # The metrics, the run folder and the live policy agree.
     assert [h["iteration"] for h in history] == list(range(1, 13))
-    assert policy.current_adapter == f"{algo}-v12"
+    assert policy.current() == f"{algo}-v12"
     assert (tmp_path / "run" / "adapters" / f"{algo}-v12" / "adapter_model.safetensors").is_file()
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 12
     assert list((tmp_path / "run" / "tb").iterdir())
@@ -61,7 +61,6 @@ def test_rl_improves_the_success_rate_and_moves_only_the_lora(algo, choice_model
 
 def test_new_adapter_serves_the_next_call_of_running_langchain_and_crewai_agents(taught_model_dir, tmp_path):
     import crew_demos
-
     from forge_bridge.adapters.crewai import ForgeLLM
 
     policy = fb.LocalPolicy(str(taught_model_dir))  # knows the test crew's prompts
@@ -81,8 +80,8 @@ def test_new_adapter_serves_the_next_call_of_running_langchain_and_crewai_agents
 
 
 def test_sft_warm_start_fits_demonstrations(choice_model_dir, tmp_path):
-    from forge_bridge import models
-    from forge_bridge.scripted_policy import ScriptedPolicy
+    from forge_bridge.policies import models
+    from forge_bridge.policies.scripted import ScriptedPolicy
 
     tokenizer = models.load(choice_model_dir)[1]
     expert = ScriptedPolicy(lambda m, t: "The answer is 5." if m[-1]["role"] == "tool" else
@@ -99,11 +98,11 @@ def test_sft_warm_start_fits_demonstrations(choice_model_dir, tmp_path):
     before = success_rate(rollout)
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(lr=3e-3, out_dir=str(tmp_path / "run"),
                                                    run_name="sft", progress=False))
-    result = supervised_finetune(trainer, recorder.store.trajectories(run_id="demos"), epochs=8)
+    result = supervised_finetune(trainer, recorder.store.trajectories(run_id="demos"), SFTConfig(epochs=8))
     after = success_rate(rollout)
     print(f"sft: success {before:.2f} -> {after:.2f}, loss {result['sft_loss_first']:.3f} -> "
           f"{result['sft_loss_last']:.3f}")
-    assert result["adapter"] == "sft-v1" == policy.current_adapter
+    assert result["adapter"] == "sft-v1" == policy.current()
     assert result["sft_loss_last"] < result["sft_loss_first"]
     assert after >= before + 0.15
 

@@ -1,0 +1,306 @@
+"""The main job, `forge-bridge demo` (what `make demo` runs): an ordinary LangChain agent gets
+measurably better at tool use through forge-bridge, on the embedded model, on a CPU.
+
+1. build a `create_agent` agent with calculator and lookup tools, on `LocalPolicy` through
+   `ForgeMiddleware` (the one added line);
+2. evaluate it greedily on the held-out tasks (base);
+3. record demonstrations through the same middleware with a scripted expert policy, and warm
+   start the LoRA with SFT on them (a 135M model does not call tools out of the box);
+4. evaluate (SFT); train with multi-turn GRPO (per-step gamma credit, a batch baseline, a KL
+   to the warm start) while the same agent object keeps running and picks up every new
+   adapter; evaluate (SFT+RL);
+5. print the table, write the reward curve and TensorBoard logs, and let the live agent answer
+   one more question with the trained adapter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from forge_bridge.app.tasks import KINDS_ORDER, Task, check_answer, expert_reply, make_splits
+from forge_bridge.core.errors import InvalidArgument
+
+_MAY_BE_ZERO = ("seed", "rl_iterations", "rl_warmup_steps")
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Settings of the demo pipeline (the defaults are the measured `make demo`)."""
+
+    model: str = "smollm2-135m-instruct"
+    """Embedded model name or a local model directory."""
+    out_dir: str = "runs/demo"
+    """Run folder: trajectories, adapters, metrics, TensorBoard logs, reward_curve.png."""
+    seed: int = 0
+    """Seed for the task splits, sampling and training."""
+    train_per_kind: int = 24
+    """Training tasks of each kind."""
+    eval_per_kind: int = 10
+    """Held-out tasks of each kind."""
+    sft_epochs: int = 1
+    """Passes over the demonstrations (a short warm start: it teaches the tool-call format)."""
+    sft_lr: float = 1e-3
+    """SFT learning rate."""
+    rl_iterations: int = 8
+    """GRPO iterations (0: SFT alone)."""
+    rl_tasks_per_kind: tuple[int, ...] = (2, 1, 2)
+    """Tasks of each kind (multiply, lookup, lookup_multiply) in every GRPO iteration: every kind
+    gets its signal each time; the first call (multiply for 2 tasks, lookup for 3) and the call
+    after a lookup (answer 1, multiply 2) are each taught both ways in every update."""
+    group_size: int = 8
+    """Rollouts per task (GRPO group)."""
+    rl_lr: float = 3e-4
+    """GRPO learning rate."""
+    rl_minibatch: int = 64
+    """Rollout samples per GRPO optimizer step: more than an iteration has, so one step on all of
+    them, and opposite pushes of two kinds on a decision they share cancel instead of taking
+    turns (docs/demo-experiments.md)."""
+    rl_warmup_steps: int = 2
+    """Optimizer steps over which the GRPO learning rate rises to `rl_lr` (a fresh Adam's first
+    steps are its largest, whatever the gradient's size)."""
+    baseline: str = "batch"
+    """GRPO's baseline: 'batch' (every rollout of the iteration, so a kind whose rollouts all
+    failed, or all passed, still has a signal) or 'group' (the task's own rollouts: then such a
+    kind was silent and the others pulled the shared decisions their way until it was lost)."""
+    kl_beta: float = 0.1
+    """Weight of the KL to the SFT warm start (not the base model, which cannot call tools);
+    0: none."""
+    temperature: float = 0.7
+    """Sampling temperature of the rollouts (evaluation is greedy)."""
+    max_tokens: int = 48
+    """Completion limit per model call (the longest expert call is under 40 tokens)."""
+    max_model_calls: int = 4
+    """Step limit of one episode: a longer tool loop is cut and recorded as truncated."""
+    gamma: float = 0.95
+    """Per-step discount."""
+    concurrency: int = 20
+    """Agents run at once (their model calls are batched together: 40 rollouts in two waves)."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "str" and not (isinstance(value, str) and value):
+                raise InvalidArgument(f"DemoConfig.{f.name}: expected a non-empty string, got {value!r}")
+            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)
+                                    or value < (0 if f.name in _MAY_BE_ZERO else 1)):
+                raise InvalidArgument(f"DemoConfig.{f.name}: expected an int >= "
+                                 f"{0 if f.name in _MAY_BE_ZERO else 1}, got {value!r}")
+            if f.type == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or value < 0 or (value == 0 and f.name.endswith("lr"))):
+                raise InvalidArgument(f"DemoConfig.{f.name}: expected a number {'> 0' if f.name.endswith('lr') else '>= 0'}, "
+                                 f"got {value!r}")
+        if (not isinstance(self.rl_tasks_per_kind, tuple) or len(self.rl_tasks_per_kind) != len(KINDS_ORDER)
+                or not all(isinstance(n, int) and n >= 0 for n in self.rl_tasks_per_kind)
+                or sum(self.rl_tasks_per_kind) == 0):
+            raise InvalidArgument(f"DemoConfig.rl_tasks_per_kind: expected {len(KINDS_ORDER)} counts >= 0 "
+                             f"(one per kind: {', '.join(KINDS_ORDER)}), got {self.rl_tasks_per_kind!r}")
+        if self.baseline not in ("group", "batch"):
+            raise InvalidArgument(f"DemoConfig.baseline: expected 'group' or 'batch', got {self.baseline!r}")
+        if self.gamma > 1:
+            raise InvalidArgument(f"DemoConfig.gamma: expected a number in [0, 1], got {self.gamma!r}")
+
+
+def build_agent(policy: Any, temperature: float, max_tokens: int) -> Any:
+    """The user's ordinary LangChain agent, plus the one forge-bridge line."""
+    from langchain.agents import create_agent
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    from forge_bridge.adapters.langchain import ForgeMiddleware
+    from forge_bridge.app.tasks import CITIES
+
+    @tool
+    def multiply(a: int, b: int) -> int:
+        """Multiply two integers."""
+        return a * b
+
+    @tool
+    def lookup(city: str) -> str:
+        """Population of a city."""
+        value = CITIES.get(city.strip())
+        return str(value) if value is not None else f"unknown city: {city}"
+
+    # The model the agent was written for; the middleware replaces it on every call.
+    model = ChatOpenAI(model="gpt-4o-mini", api_key="unused", base_url="http://127.0.0.1:9/v1")
+    return create_agent(model, [multiply, lookup],
+                        middleware=[ForgeMiddleware(policy, temperature=temperature, max_tokens=max_tokens)])
+
+
+def final_text(result: dict) -> str:
+    return str(result["messages"][-1].content)
+
+
+def attempt(agent: Any, task: Task, max_model_calls: int) -> bool:
+    """Run the agent on one task inside the current episode; pass/fail. A tool loop longer
+    than `max_model_calls` is cut (LangGraph's recursion limit) and the episode truncated."""
+    from langgraph.errors import GraphRecursionError
+
+    import forge_bridge as fb
+
+    try:
+        result = agent.invoke({"messages": [{"role": "user", "content": task.question}]},
+                              {"recursion_limit": 2 * max_model_calls})
+    except GraphRecursionError:
+        fb.current_episode().truncate(f"more than {max_model_calls} model calls")
+        return False
+    return check_answer(task, final_text(result))
+
+
+def run_tasks(agent: Any, tasks: list[Task], recorder: Any, *, greedy: bool, concurrency: int,
+              desc: str, progress: bool = True, max_model_calls: int = 4) -> list[bool]:
+    """Run each task once inside its own episode; returns pass/fail per task."""
+    from tqdm.auto import tqdm
+
+    import forge_bridge as fb
+
+    def one(task: Task) -> bool:
+        with fb.sampling(temperature=0) if greedy else contextlib.nullcontext():
+            with fb.episode(task.id, recorder=recorder, metadata={"kind": task.kind}) as ep:
+                try:
+                    passed = attempt(agent, task, max_model_calls)
+                except fb.PolicyError:
+                    raise
+                except Exception as exc:  # the agent stopped on its own error: a failed attempt
+                    ep.mark_end("crashed", f"{type(exc).__name__}: {exc}")
+                    passed = False
+                ep.reward(1.0 if passed else 0.0)
+                return passed
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(tqdm(pool.map(one, tasks), total=len(tasks), desc=desc, leave=False,
+                         disable=not progress))
+
+
+def rates(tasks: list[Task], passed: list[bool]) -> dict[str, float]:
+    out = {"all": sum(passed) / max(len(passed), 1)}
+    for kind in KINDS_ORDER:
+        picked = [p for t, p in zip(tasks, passed) if t.kind == kind]
+        if picked:
+            out[kind] = sum(picked) / len(picked)
+    return out
+
+
+def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
+    import torch
+
+    import forge_bridge as fb
+    from forge_bridge.app.plot import plot_run
+    from forge_bridge.core.runs import set_aside
+    from forge_bridge.core.store import TrajectoryStore
+    from forge_bridge.policies.scripted import ScriptedPolicy
+    from forge_bridge.trainer.sft import SFTConfig, supervised_finetune
+
+    torch.manual_seed(config.seed)
+    out = Path(config.out_dir)
+    earlier = set_aside(out)
+    if earlier is not None:
+        print(f"(the earlier run in {out} was moved to {earlier})")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
+    store = TrajectoryStore(out / "trajectories.db")
+    train, held_out = make_splits(config.train_per_kind, config.eval_per_kind, config.seed)
+    timings: dict[str, float] = {}
+    results: dict[str, dict] = {}
+
+    def phase(name: str):
+        print(f"\n== {name}", flush=True)
+        return time.perf_counter()
+
+    t = phase(f"loading {config.model} (offline) and building the LangChain agent")
+    policy = fb.LocalPolicy(config.model, max_batch=config.concurrency)
+    agent = build_agent(policy, config.temperature, config.max_tokens)
+    timings["load"] = time.perf_counter() - t
+
+    def evaluate(label: str, run_id: str, title: str) -> None:
+        t = phase(title)
+        passed = run_tasks(agent, held_out, fb.Recorder(store, run_id), greedy=True,
+                           concurrency=config.concurrency, desc=f"eval {label}", progress=progress,
+                           max_model_calls=config.max_model_calls)
+        results[label] = rates(held_out, passed)
+        timings[f"{label} eval"] = time.perf_counter() - t
+
+    evaluate("base", "eval-base", f"evaluating the base model on {len(held_out)} held-out tasks (greedy)")
+
+    t = phase(f"recording {len(train)} demonstrations through the same middleware (scripted expert)")
+    expert_agent = build_agent(ScriptedPolicy(expert_reply, policy.tokenizer), 0.0, config.max_tokens)
+    demo_recorder = fb.Recorder(store, "demonstrations")
+    run_tasks(expert_agent, train, demo_recorder, greedy=True, concurrency=config.concurrency,
+              desc="demonstrations", progress=progress, max_model_calls=config.max_model_calls)
+    # in task order, not the order concurrent agents finished in: the same seed, the same SFT
+    demos = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
+    trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
+        gamma=config.gamma, group_size=config.group_size, lr=config.rl_lr,
+        warmup_steps=config.rl_warmup_steps, kl_beta=config.kl_beta,
+        minibatch_size=config.rl_minibatch, microbatch_size=8,
+        baseline=config.baseline, skip_uniform_groups=config.kl_beta == 0,
+        concurrency=config.concurrency,
+        run_name="demo", out_dir=str(out), seed=config.seed, progress=progress,
+        max_seq_len=768, merge_steps=True), recorder=fb.Recorder(store))  # episodes: the run id
+    sft = supervised_finetune(trainer, demos, SFTConfig(epochs=config.sft_epochs, lr=config.sft_lr, batch_size=8))
+    print(f"  SFT on {sft['sft_samples']} model calls: loss {sft['sft_loss_first']:.3f} -> "
+          f"{sft['sft_loss_last']:.3f}; published {sft['adapter']} to the live agent")
+    if config.kl_beta > 0:
+        trainer.freeze_reference()  # GRPO's KL is to this warm start, not to the base model
+    timings["demos + SFT"] = time.perf_counter() - t
+
+    evaluate("SFT", "eval-sft", "evaluating after SFT (same agent object, now on the SFT adapter)")
+
+    if config.rl_iterations:
+        t = phase(f"GRPO: {config.rl_iterations} iterations x {sum(config.rl_tasks_per_kind)} tasks x "
+                  f"{config.group_size} rollouts at T={config.temperature}, per-step gamma={config.gamma}")
+
+        def rollout(task: Task) -> float:
+            return 1.0 if attempt(agent, task, config.max_model_calls) else 0.0
+
+        by_kind = {kind: [t for t in train if t.kind == kind] for kind in KINDS_ORDER}
+
+        def schedule(it: int) -> list[Task]:  # the same number of tasks of each kind, drawn anew
+            rng = random.Random(config.seed * 100_003 + it)
+            return [t for kind, n in zip(KINDS_ORDER, config.rl_tasks_per_kind)
+                    for t in rng.sample(by_kind[kind], n)]
+
+        trainer.train(rollout, schedule, iterations=trainer.iteration + config.rl_iterations)
+        timings["GRPO"] = time.perf_counter() - t
+        evaluate("SFT+RL", "eval-rl", "evaluating after SFT+RL")
+    trainer.close()
+
+    print_table(results, timings, held_out)
+    print()
+    if config.rl_iterations:  # without a GRPO iteration there is no reward curve to draw
+        print(f"reward curve: {plot_run(out)}\nTensorBoard: tensorboard --logdir {out / 'tb'}")
+    print(f"adapters: {out / 'adapters'} (live: {policy.current()})")
+
+    last = held_out[-1]
+    with fb.sampling(temperature=0), fb.episode(last.id, recorder=fb.Recorder(store, "final")) as ep:
+        answer = final_text(agent.invoke({"messages": [{"role": "user", "content": last.question}]}))
+    steps = [f"{c.name}({c.arguments})" for s in ep.trajectory for c in s.action.tool_calls]
+    print(f"\nthe live agent, on {policy.current()}: {last.question!r}\n  tool calls: "
+          f"{' -> '.join(steps) or 'none'}\n  answer: {answer!r} "
+          f"({'correct' if check_answer(last, answer) else 'wrong'}; expected {last.answer})")
+    summary = {"results": results, "timings_s": timings, "adapter": policy.current(),
+               "sft": sft, "config": asdict(config)}
+    (out / "results.json").write_text(json.dumps(summary, indent=2))
+    policy.close()
+    store.close()
+    return summary
+
+
+def print_table(results: dict[str, dict], timings: dict[str, float], held_out: list[Task]) -> None:
+    counts = {k: sum(t.kind == k for t in held_out) for k in KINDS_ORDER}
+    print(f"\nheld-out success rate, greedy ({len(held_out)} tasks)")
+    header = f"{'':<20}" + "".join(f"{name:>10}" for name in results)
+    print(header)
+    for row in ("all",) + KINDS_ORDER:
+        label = row if row == "all" else f"{row} ({counts[row]})"
+        print(f"{label:<20}" + "".join(f"{results[name].get(row, 0.0) * 100:>9.0f}%" for name in results))
+    print("\nwall time per phase")
+    for name, seconds in timings.items():
+        print(f"  {name:<14}{seconds:>8.1f} s")
+    print(f"  {'total':<14}{sum(timings.values()):>8.1f} s")

@@ -1,0 +1,14 @@
+"""Tool-use tasks whose answers can be checked exactly: the demo's training and held-out sets."""
+
+from forge_bridge.app.tasks.toolbench import (
+                                          CITIES,
+                                          KINDS_ORDER,
+                                          Task,
+                                          check_answer,
+                                          expert_reply,
+                                          make_splits,
+                                          tool_schemas,
+)
+
+__all__ = ["CITIES", "KINDS_ORDER", "Task", "check_answer", "expert_reply", "make_splits",
+           "tool_schemas"]

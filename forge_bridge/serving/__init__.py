@@ -1,0 +1,5 @@
+"""Serving front ends for agents whose code cannot change: the OpenAI-compatible gateway that
+records every call it forwards to a policy (`gateway`).
+
+May import: `forge_bridge.core` and `forge_bridge.policies`.
+"""

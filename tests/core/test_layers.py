@@ -1,0 +1,88 @@
+"""The folders are layers, and imports between them go one way (TYPE_CHECKING imports, which
+never run, excepted): core imports no other layer; policies only core; environments, serving,
+adapters and the trainer only core and policies (environments and the harness also their own);
+the app anything. And every error the library raises is a ForgeBridgeError."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = {"core": ROOT / "forge_bridge" / "core", "policies": ROOT / "forge_bridge" / "policies",
+           "envs": ROOT / "forge_bridge" / "envs", "serving": ROOT / "forge_bridge" / "serving",
+           "app": ROOT / "forge_bridge" / "app", "adapters": ROOT / "adapters", "trainer": ROOT / "trainer"}
+ALLOWED = {
+    "core": {"core"},
+    "policies": {"core", "policies"},
+    "envs": {"core", "policies", "envs"},
+    "serving": {"core", "policies", "serving"},
+    "adapters": {"core", "policies", "adapters"},
+    "trainer": {"core", "policies", "trainer"},
+    "app": {"core", "policies", "envs", "serving", "adapters", "trainer", "app", "api"},
+}
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] != "forge_bridge":
+        return ""
+    return parts[1] if len(parts) > 1 and parts[1] in SOURCES else "api"
+
+
+def runtime_imports(tree: ast.AST):
+    """Imports that run: everything except what sits under `if TYPE_CHECKING:`."""
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            skip |= {id(n) for n in ast.walk(node)}
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            yield from ((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "forge_bridge":  # from forge_bridge import x: x is the module
+                yield from ((f"forge_bridge.{a.name}", node.lineno) for a in node.names)
+            else:
+                yield node.module, node.lineno
+
+
+def test_imports_between_layers_go_one_way():
+    wrong = []
+    for layer, folder in SOURCES.items():
+        for path in sorted(folder.rglob("*.py")):
+            for module, line in runtime_imports(ast.parse(path.read_text())):
+                target = layer_of(module)
+                if target and target not in ALLOWED[layer]:
+                    wrong.append(f"{path.relative_to(ROOT)}:{line} ({layer}) imports {module} ({target})")
+    assert not wrong, "\n".join(wrong)
+
+
+BUILTIN_ERRORS = {"Exception", "ValueError", "TypeError", "RuntimeError", "KeyError", "LookupError",
+                  "NotImplementedError", "OSError", "IndexError", "AttributeError"}
+RAISED_AND_CAUGHT_INSIDE = {("adapters/crewai.py", "KeyError"), ("forge_bridge/core/atomic.py", "OSError")}
+"""Raised and handled where they are raised (a tool run's error result; the fallback when the
+file system has no atomic exchange), never out of the library."""
+
+
+def test_every_error_the_library_raises_is_a_forge_bridge_error():
+    raised = []
+    for folder in SOURCES.values():
+        for path in sorted(folder.rglob("*.py")):
+            rel = str(path.relative_to(ROOT))
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+                    name = getattr(node.exc.func, "id", None)
+                    if name in BUILTIN_ERRORS and (rel, name) not in RAISED_AND_CAUGHT_INSIDE:
+                        raised.append(f"{rel}:{node.lineno} raises {name}")
+    assert not raised, "\n".join(raised)
+
+
+def test_the_error_classes_keep_their_builtin_meaning():
+    import forge_bridge as fb
+    from forge_bridge.core import errors
+
+    for name in errors.__all__:
+        assert issubclass(getattr(errors, name), fb.ForgeBridgeError), name
+    assert issubclass(errors.InvalidArgument, ValueError) and issubclass(errors.WrongType, TypeError)
+    assert issubclass(fb.SchemaError, ValueError) and issubclass(fb.PolicyError, RuntimeError)
+    assert str(errors.NotFound("no trajectory x")) == "no trajectory x"
