@@ -23,9 +23,10 @@ def wrap(obj: Any, policy: Policy) -> Any:
         raise WrongType(f"wrap(obj, policy): policy must be a forge_bridge Policy (LocalPolicy, "
                         f"VLLMPolicy), got {type(policy).__name__}")
     if _from_module(obj, "langchain_core"):
-        from forge_bridge.adapters.langchain import ForgeChatModel
         from langchain_core.language_models import BaseChatModel
         from langchain_core.runnables import RunnableBinding
+
+        from forge_bridge.adapters.langchain import ForgeChatModel
 
         if isinstance(obj, BaseChatModel):
             return ForgeChatModel(policy)

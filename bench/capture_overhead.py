@@ -27,17 +27,18 @@ from pathlib import Path
 
 os.environ.setdefault("HOME", tempfile.mkdtemp())  # CrewAI writes under HOME
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import crew_demos  # noqa: E402  (the test crews and their scripted expert)
-from forge_bridge.adapters.crewai import ForgeLLM  # noqa: E402
-from forge_bridge.adapters.langchain import ForgeChatModel, ForgeMiddleware  # noqa: E402
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.tools import tool
 
 import forge_bridge as fb  # noqa: E402
+from forge_bridge.adapters.crewai import ForgeLLM  # noqa: E402
+from forge_bridge.adapters.langchain import ForgeChatModel, ForgeMiddleware  # noqa: E402
 from forge_bridge.app import testing  # noqa: E402
 from forge_bridge.policies import models  # noqa: E402
 from forge_bridge.policies.scripted import ScriptedPolicy
+
+import crew_demos  # noqa: E402  (the test crews and their scripted expert)
 
 QUESTION = {"messages": [{"role": "user", "content": "What is 2 plus 3?"}]}
 

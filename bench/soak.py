@@ -8,11 +8,15 @@ fails at random: outages (the Gateway answers 502), slow answers, malformed tool
 tools fail too: `lookup` raises, `multiply` is slow now and then. Every policy output the
 Gateway receives is counted; at the end the store must hold exactly that many steps.
 
-    .venv/bin/python bench/soak.py [--minutes 10] [--agents 32] [--fault-rate 0.03]
+    .venv/bin/python bench/soak.py [--minutes 10] [--agents 256] [--fault-rate 0.03]
 
-Prints episodes completed / failed (by reason) / truncated, transitions generated vs stored,
-episodes per minute, and resident memory over time (peak, and whether it grew after warm-up).
-Not part of CI (it runs for minutes); results go into docs/reliability.md.
+First, side by side in one run (interleaved, no faults): the latency of a call made to the
+policy directly and of the same call through the gateway (an httpx client on one keep-alive
+connection), p50 and p99, and the gateway's overhead per call. Then the soak. Prints episodes
+completed / failed (by reason) / truncated, transitions generated vs stored, episodes per
+minute, and resident memory over time (peak, and whether it grew after warm-up). Not part of CI
+(it runs for minutes); results go into docs/reliability.md. Not covered: a real model's time
+(the scripted expert answers at once, so the overhead is the gateway's alone).
 """
 
 from __future__ import annotations
@@ -94,6 +98,36 @@ def make_tools(rng: random.Random, rate: float, injected: collections.Counter):
     return [multiply, lookup]
 
 
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def overhead(tokenizer, n: int) -> None:
+    """Per-call latency, direct vs through the gateway, interleaved so both see the same machine."""
+    policy = ScriptedPolicy(expert_reply, tokenizer)
+    messages = [{"role": "user", "content": "What is 12 times 34?"}]
+    direct, via = [], []
+    recorder = fb.Recorder(Path(tempfile.mkdtemp(prefix="forge-overhead-")) / "o.db", run_id="overhead")
+    with fb.Gateway(policy, recorder) as gateway, httpx.Client(timeout=30) as client:
+        url = gateway.episode_url("overhead") + "/chat/completions"
+        body = {"model": "forge", "messages": messages, "temperature": 0, "max_tokens": 64}
+        for i in range(n + 20):  # the first 20 of each warm up and are not counted
+            t0 = time.perf_counter()
+            policy.chat(messages, temperature=0, max_tokens=64)
+            t1 = time.perf_counter()
+            assert client.post(url, json=body).status_code == 200
+            t2 = time.perf_counter()
+            if i >= 20:
+                direct.append((t1 - t0) * 1000)
+                via.append((t2 - t1) * 1000)
+    p = {name: (percentile(v, 0.5), percentile(v, 0.99)) for name, v in (("direct", direct), ("gateway", via))}
+    print(f"per call, {n} calls each, interleaved: direct p50 {p['direct'][0]:.2f} ms p99 {p['direct'][1]:.2f} ms; "
+          f"through the gateway p50 {p['gateway'][0]:.2f} ms p99 {p['gateway'][1]:.2f} ms; "
+          f"overhead p50 {p['gateway'][0] - p['direct'][0]:.2f} ms, p99 {p['gateway'][1] - p['direct'][1]:.2f} ms "
+          "(HTTP, JSON, recording the step in SQLite)")
+
+
 def rss_mib() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -104,12 +138,14 @@ def rss_mib() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--agents", type=int, default=32)
+    parser.add_argument("--agents", type=int, default=256)
+    parser.add_argument("--overhead-calls", type=int, default=500, help="calls per side in the overhead phase")
     parser.add_argument("--fault-rate", type=float, default=0.03, help="probability of each fault kind per call")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
     _, tokenizer = models.load("smollm2-135m-instruct")  # the real tokenizer: real token ids
+    overhead(tokenizer, args.overhead_calls)
     policy = FaultyExpert(tokenizer, args.fault_rate, args.seed)
     store_dir = Path(tempfile.mkdtemp(prefix="forge-soak-"))
     recorder = fb.Recorder(store_dir / "soak.db", run_id="soak")

@@ -54,11 +54,10 @@ def behaviour_logprobs(model, pairs):
 
 
 def ours(model_name: str, pairs, advantages, old, minibatch: int, autocast) -> float:
-    from forge_bridge.trainer.batch import Sample
-
     import forge_bridge as fb
     from forge_bridge.policies import models
     from forge_bridge.policies.scripted import ScriptedPolicy
+    from forge_bridge.trainer.batch import Sample
 
     tokenizer = models.load(model_name)[1]
     policy = ScriptedPolicy(lambda m, t: "", tokenizer)

@@ -10,9 +10,9 @@ per role (`role_slot=`). Offline: CrewAI's telemetry is switched off by the adap
 
 from crewai import Agent, Crew, Process, Task
 from crewai.tools import tool
-from forge_bridge.adapters.crewai import ForgeLLM
 
 import forge_bridge as fb
+from forge_bridge.adapters.crewai import ForgeLLM
 
 POPULATION = {"paris": 2102650, "berlin": 3596999, "madrid": 3332035}
 

@@ -10,12 +10,12 @@ the box answers in prose rather than calling tools: training (forge-bridge demo)
 
 import os
 
-from forge_bridge.adapters.langchain import ForgeMiddleware
 from langchain.agents import create_agent
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
 import forge_bridge as fb
+from forge_bridge.adapters.langchain import ForgeMiddleware
 
 
 @tool

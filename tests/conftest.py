@@ -26,9 +26,9 @@ from forge_bridge.app import testing  # noqa: E402
 def taught_model_dir(tmp_path_factory):
     """A tiny model taught testing.BASE_EXAMPLES (calls `add` for testing.ASK, then answers
     'The answer is 5.') and the expert's replies to the test crews' prompts (crew_demos)."""
-    import crew_demos
-
     from forge_bridge.policies import models
+
+    import crew_demos
 
     root = tmp_path_factory.mktemp("models")
     model, tokenizer = models.tiny()

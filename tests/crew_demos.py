@@ -78,9 +78,8 @@ def expert(messages: list[dict], tools: list[dict] | None) -> str:
 def crew_examples(tokenizer, store_path) -> list:
     """(messages, tools, reply) for every prompt the crews above send, exactly as CrewAI builds
     them: recorded by running the crews through ForgeLLM on the scripted expert."""
-    from forge_bridge.adapters.crewai import ForgeLLM
-
     import forge_bridge as fb
+    from forge_bridge.adapters.crewai import ForgeLLM
     from forge_bridge.policies.scripted import ScriptedPolicy
 
     policy = ScriptedPolicy(expert, tokenizer)

@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+
+from forge_bridge.core.types import TrajectoryGroup
 from forge_bridge.trainer.advantages import discounted_returns, group_advantages, step_rewards
 from forge_bridge.trainer.batch import build_samples
 from forge_bridge.trainer.config import GRPOConfig
 from forge_bridge.trainer.loop import Trainer
-
-from forge_bridge.core.types import TrajectoryGroup
 
 
 def grpo_advantages(groups: Sequence[TrajectoryGroup], config: GRPOConfig) -> list[list[torch.Tensor]]:

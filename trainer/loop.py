@@ -18,6 +18,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+
+from forge_bridge.core import runs
+from forge_bridge.core.episode import Recorder
+from forge_bridge.core.errors import InvalidArgument, WrongType
+from forge_bridge.core.types import TrajectoryGroup
+from forge_bridge.policies.base import Policy
 from forge_bridge.trainer import checkpoint, rollouts
 from forge_bridge.trainer.batch import BatchStats, Sample, collate
 from forge_bridge.trainer.config import TrainerConfig
@@ -25,12 +31,6 @@ from forge_bridge.trainer.logprobs import token_logprobs
 from forge_bridge.trainer.lora import attach_lora, save_adapter
 from forge_bridge.trainer.losses import aggregate, clipped_policy_loss, kl_k3
 from forge_bridge.trainer.rollouts import Rollout, TaskSchedule
-
-from forge_bridge.core import runs
-from forge_bridge.core.episode import Recorder
-from forge_bridge.core.errors import InvalidArgument, WrongType
-from forge_bridge.core.types import TrajectoryGroup
-from forge_bridge.policies.base import Policy
 
 
 class Trainer:

@@ -11,14 +11,14 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+
+from forge_bridge.core.types import Trajectory
 from forge_bridge.trainer.advantages import gae, step_rewards
 from forge_bridge.trainer.batch import build_samples, collate
 from forge_bridge.trainer.config import PPOConfig
 from forge_bridge.trainer.logprobs import token_logprobs
 from forge_bridge.trainer.loop import Trainer
 from forge_bridge.trainer.losses import value_loss
-
-from forge_bridge.core.types import Trajectory
 
 
 def read_values(head: torch.nn.Module, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

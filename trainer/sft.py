@@ -11,14 +11,14 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+
+from forge_bridge.core.errors import InvalidArgument
+from forge_bridge.core.types import Trajectory
 from forge_bridge.trainer.batch import build_samples, collate
 from forge_bridge.trainer.config import SFTConfig
 from forge_bridge.trainer.logprobs import token_logprobs
 from forge_bridge.trainer.loop import Trainer
 from forge_bridge.trainer.losses import aggregate
-
-from forge_bridge.core.errors import InvalidArgument
-from forge_bridge.core.types import Trajectory
 
 
 def sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

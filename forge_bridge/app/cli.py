@@ -49,7 +49,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.new and args.resume:
         print("forge-bridge train: --new and --resume exclude each other", file=sys.stderr)
         return 2
-    make_rollout = _load_attr(args.rollout, "--rollout")
+    if (args.rollout is None) == (args.agent_cmd is None):
+        print("forge-bridge train: give --rollout (a Python function) or --agent-cmd (a program)",
+              file=sys.stderr)
+        return 2
+    make_rollout = _load_attr(args.rollout, "--rollout") if args.rollout else None
     tasks = _load_attr(args.tasks, "--tasks")
     tasks = tasks() if callable(tasks) else tasks
     config = (fb.GRPOConfig if args.algo == "grpo" else fb.PPOConfig)(**config_kwargs(args, TRAIN_FLAGS))
@@ -59,13 +63,21 @@ def _cmd_train(args: argparse.Namespace) -> int:
             print(f"(the earlier run in {config.out_dir} was moved to {earlier})")
     policy = fb.LocalPolicy(args.model)
     trainer = (fb.GRPOTrainer if args.algo == "grpo" else fb.PPOTrainer)(policy, config)
+    if make_rollout is not None:
+        rollout = make_rollout(policy)
+    else:
+        from forge_bridge.serving.command_rollout import CommandRollout
+
+        rollout = CommandRollout(args.agent_cmd, policy, timeout_s=args.agent_timeout)
     try:
-        history = trainer.train(make_rollout(policy), tasks, args.iterations, resume=args.resume)
+        history = trainer.train(rollout, tasks, args.iterations, resume=args.resume)
     except RunExistsError as exc:
         print(f"forge-bridge train: {exc}", file=sys.stderr)
         return 2
     finally:
         trainer.close()
+        if make_rollout is None:
+            rollout.close()
     last = history[-1] if history else {}
     print(f"done: {trainer.iteration} iterations, live adapter {policy.current()}, last mean "
           f"reward {last.get('reward_mean', float('nan')):.3f}; run folder {config.out_dir}")
@@ -122,6 +134,41 @@ def _cmd_export(args: argparse.Namespace) -> int:
         else:
             n = store.export_jsonl(args.out, **filters)
             print(f"wrote {n} trajectories to {args.out}")
+    return 0
+
+
+def _cmd_gateway(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    import forge_bridge as fb
+    from forge_bridge.serving.gateway import Gateway
+
+    if args.vllm_url:
+        policy = fb.VLLMPolicy(args.vllm_url, model=args.served_model)
+    else:
+        policy = fb.LocalPolicy(args.model)
+    if args.adapter:
+        policy.load_adapter(args.adapter, args.adapter_name)
+    gateway = Gateway(policy, fb.Recorder(args.store), host=args.host, port=args.port, token=args.token,
+                      max_model_calls=args.max_model_calls)
+    gateway.start()
+    key = args.token or "unused"
+    print(f"""recording every call into {args.store}
+base_url: {gateway.base_url}   (one episode per agent run: {gateway.address}/episodes/<id>/v1,
+          closed with POST {gateway.address}/episodes/<id>/finish {{"reward": r}})
+
+Give an agent:
+    export OPENAI_BASE_URL={gateway.episode_url('<episode-id>')}
+    export OPENAI_API_KEY={key}
+Ctrl-C stops the gateway.""", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    gateway.stop()
+    policy.close()
+    print("stopped", flush=True)
     return 0
 
 
@@ -192,7 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "your agent on the policy and returns the reward; --tasks names "
                                    "a list of tasks (or a function returning one). Each iteration's "
                                    "adapter is published to the policy your agent runs on.")
-    p.add_argument("--rollout", required=True, help="module:function, e.g. my_agent:make_rollout")
+    p.add_argument("--rollout", help="module:function, e.g. my_agent:make_rollout")
+    p.add_argument("--agent-cmd", help="or: a program run per rollout with OPENAI_BASE_URL set to its "
+                   "episode, e.g. \"python my_agent.py {task_json}\"; it prints a JSON line "
+                   "{\"reward\": r} (see forge_bridge.serving.command_rollout)")
+    p.add_argument("--agent-timeout", type=float, default=300.0,
+                   help="seconds before an --agent-cmd process is killed (episode truncated; default: 300)")
     p.add_argument("--tasks", required=True, help="module:name of the task list, e.g. my_agent:TASKS")
     p.add_argument("--model", default="smollm2-135m-instruct", help="embedded name or model directory")
     p.add_argument("--algo", choices=("grpo", "ppo"), default="grpo")
@@ -204,6 +256,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--new", action="store_true", help="set an earlier run in the folder aside "
                    "(renamed to <out>-<time>) and start a new one")
     p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("gateway", help="an OpenAI-compatible server that records every call (zero code change)",
+                       description="Serve a policy behind an OpenAI-compatible API that records every "
+                                   "call into a trajectory store: point an agent's OPENAI_BASE_URL at "
+                                   "an episode URL and it is recorded with the policy's exact tokens.")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="embedded model name or directory")
+    p.add_argument("--vllm-url", help="serve through a running vLLM server instead (its /v1 URL)")
+    p.add_argument("--served-model", default="base", help="the vLLM server's model name (default: base)")
+    p.add_argument("--adapter", help="a LoRA adapter directory to serve")
+    p.add_argument("--adapter-name", default="forge-v1", help="its version name (default: forge-v1)")
+    p.add_argument("--store", default="runs/gateway/trajectories.db", help="the trajectory store")
+    p.add_argument("--token", help="require Authorization: Bearer TOKEN")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8100, help="port (default: 8100)")
+    p.add_argument("--max-model-calls", type=int, default=25, help="step limit per episode (default: 25)")
+    p.set_defaults(func=_cmd_gateway)
 
     p = sub.add_parser("eval", help="held-out success of the demo agent, optionally with an adapter",
                        description="Run the demo's LangChain agent greedily on the held-out tasks "

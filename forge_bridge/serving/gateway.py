@@ -7,9 +7,13 @@ so nothing is dropped. The request's `model`, when it names a policy slot, picks
 adapter (otherwise the default slot serves). `POST /episodes/<id>/finish` with `{"reward": r}`
 closes an episode (`{"error": "why"}` ends it as failed, for an agent that crashed).
 
-Responses carry vLLM's extra fields (`prompt_token_ids`, per-choice `token_ids`, per-token
-logprobs), so a client that keeps them sees the exact tokens. Binds 127.0.0.1 unless told
-otherwise; with a token set, requests without `Authorization: Bearer <token>` are refused.
+It runs on Starlette and uvicorn (vLLM's own stack): requests are handled asynchronously, the
+policy is awaited (the embedded policy's batching worker or vLLM over HTTP), so hundreds of
+waiting agents hold no thread each. Every malformed request gets an OpenAI-style JSON error and
+the connection stays usable. Responses carry vLLM's extra fields (`prompt_token_ids`,
+per-choice `token_ids`, per-token logprobs), so a client that keeps them sees the exact tokens.
+Binds 127.0.0.1 unless told otherwise; with a token set, requests without
+`Authorization: Bearer <token>` are refused.
 """
 
 from __future__ import annotations
@@ -21,23 +25,61 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from forge_bridge.core.episode import Episode, Recorder
-from forge_bridge.core.errors import EpisodeClosed, InvalidArgument, NotFound, PolicyError, SchemaError
-from forge_bridge.core.recording import DEFAULT_MAX_MODEL_CALLS, Limits, call_policy
+from forge_bridge.core.errors import (
+    EpisodeClosed,
+    ForgeBridgeError,
+    InvalidArgument,
+    InvalidState,
+    NotFound,
+    PolicyError,
+    SchemaError,
+)
+from forge_bridge.core.recording import DEFAULT_MAX_MODEL_CALLS, Limits, acall_policy
 from forge_bridge.core.types import END_REASONS, Action
 from forge_bridge.policies.base import DEFAULT_SLOT, Policy, PolicyOutput
 
-_EPISODE_PATH = re.compile(r"^/episodes/([A-Za-z0-9._-]{1,128})(/.*)$")
 MAX_BODY = 16 * 1024 * 1024
+_EPISODE_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 MAX_ENDED_IDS = 100_000  # ended episode ids remembered (late calls to them get 409)
+_SAMPLING = {"temperature": (int, float), "top_p": (int, float), "max_tokens": int,
+             "max_completion_tokens": int, "seed": int}
 
 
-class _Server(ThreadingHTTPServer):
-    request_queue_size = 256  # dozens of agents connecting at once: none refused by the backlog
-    daemon_threads = True
+class _HTTPError(ForgeBridgeError):
+    """A request refused with this status (turned into an OpenAI-style error response)."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+def check_request(body: Any) -> None:
+    """A chat-completion request's shape, field by field (a 400 names the field)."""
+    if not isinstance(body, dict):
+        raise _HTTPError(400, "the body must be a JSON object")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _HTTPError(400, "messages: expected a non-empty list of message objects")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise _HTTPError(400, f"messages[{i}]: expected an object with a string 'role'")
+    if body.get("tools") is not None and not (isinstance(body["tools"], list)
+                                              and all(isinstance(t, dict) for t in body["tools"])):
+        raise _HTTPError(400, "tools: expected a list of tool objects")
+    for name, kinds in _SAMPLING.items():
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+            raise _HTTPError(400, f"{name}: expected a number, got {value!r}")
+    if body.get("n", 1) != 1:
+        raise _HTTPError(400, "n: only n=1 is supported (one recorded step per call)")
+    for name in ("model",):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise _HTTPError(400, f"{name}: expected a string")
+    if not isinstance(body.get("stream", False), bool):
+        raise _HTTPError(400, "stream: expected true or false")
 
 
 class Gateway:
@@ -45,42 +87,68 @@ class Gateway:
 
     def __init__(self, policy: Policy, recorder: Recorder | None = None, *, host: str = "127.0.0.1",
                  port: int = 0, token: str | None = None, model_name: str = "forge",
-                 max_model_calls: int | None = DEFAULT_MAX_MODEL_CALLS) -> None:
+                 max_model_calls: int | None = DEFAULT_MAX_MODEL_CALLS, max_body_bytes: int = MAX_BODY) -> None:
         """`max_model_calls` (default 25; None: no limit): model calls one episode may make;
-        past it the agent gets an empty final answer and the episode is marked truncated."""
+        past it the agent gets an empty final answer and the episode is marked truncated.
+        `max_body_bytes`: larger requests are refused with 413."""
         self.limits = Limits(max_model_calls=max_model_calls)
         self.policy = policy
         self.recorder = recorder or Recorder()
         self.token = token
         self.model_name = model_name
+        self.host, self.port, self.max_body_bytes = host, port, max_body_bytes
         self._episodes: dict[str, Episode] = {}
         # ids of ended episodes -> status: late calls get 409, and the Episode objects (with all
         # their steps) are released, so a long-running gateway does not grow with every episode
         self._ended: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
-        self._server = _Server((host, port), self._handler_class())
+        self._server: Any = None
         self._thread: threading.Thread | None = None
+        self.app = self._build_app()
+
+    @property
+    def address(self) -> str:
+        if self._server is None or not self._server.started:
+            raise InvalidState("the gateway is not running: start() it (or use it in a with block)")
+        return f"http://{self.host}:{self.port}"
 
     @property
     def base_url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        return f"{self.address}/v1"
 
     def episode_url(self, episode_id: str) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/episodes/{episode_id}/v1"
+        return f"{self.address}/episodes/{episode_id}/v1"
 
     def start(self) -> str:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="forge-gateway",
-                                        daemon=True)
+        """Serve on a background thread (uvicorn); returns the base URL once it accepts calls."""
+        import socket
+
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False,
+                                backlog=2048, timeout_keep_alive=30)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        name="forge-gateway", daemon=True)
         self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise InvalidState("the gateway did not start (see the log above)")
+            time.sleep(0.01)
         return self.base_url
 
     def stop(self) -> None:
         """Stop serving. Episodes still open stay `incomplete` in the store: their agents never
         said they ended, and a trainer must not mistake them for finished ones."""
-        self._server.shutdown()
-        self._server.server_close()
+        if self._server is not None:
+            self._server.should_exit = True
+            if self._thread is not None:
+                self._thread.join(timeout=30)
 
     def __enter__(self) -> "Gateway":
         self.start()
@@ -90,6 +158,22 @@ class Gateway:
         self.stop()
 
     # ------------------------------------------------------------------ episodes
+    def attach(self, episode: Episode) -> str:
+        """Serve an episode opened elsewhere (by a trainer, say) at `episode_url(episode.id)`;
+        its calls are recorded into it. Returns its id."""
+        with self._lock:
+            if episode.id in self._episodes or episode.id in self._ended:
+                raise InvalidArgument(f"episode {episode.id} is already known to this gateway")
+            self._episodes[episode.id] = episode
+        return episode.id
+
+    def release(self, episode_id: str) -> None:
+        """Forget an attached episode (its owner finishes it); later calls to it get 409."""
+        with self._lock:
+            ep = self._episodes.get(episode_id)
+        if ep is not None:
+            self._retire(episode_id, ep)
+
     def episode(self, task_id: str | None = None, group_id: str | None = None, *,
                 episode_id: str) -> Episode:
         """The open episode with this id, created on first use (arguments in `fb.episode`'s order)."""
@@ -132,7 +216,7 @@ class Gateway:
                 self._ended.popitem(last=False)
 
     # ------------------------------------------------------------------ the call
-    def complete(self, body: dict, episode_id: str | None, headers: Any) -> dict:
+    async def complete(self, body: dict, episode_id: str | None, headers: Any) -> dict:
         """One chat completion, recorded through the recording protocol. Past the episode's
         step limit the answer is an empty final message (nothing is recorded; the episode is
         marked truncated), so the agent's loop ends."""
@@ -149,8 +233,8 @@ class Gateway:
                 ep.attach_tool_results([m for m in messages if isinstance(m, dict)])
         slot = body.get("model") if body.get("model") in self.policy.slots else DEFAULT_SLOT
         try:
-            out = call_policy(self.policy, ep, messages, tools, source="gateway", limits=self.limits,
-                              slot=slot, sampling=sampling)
+            out = await acall_policy(self.policy, ep, messages, tools, source="gateway",
+                                     limits=self.limits, slot=slot, sampling=sampling)
         except (PolicyError, ValueError, TypeError) as exc:  # an outage, or the agent's bad request
             ep.fail(f"{type(exc).__name__}: {exc}", "outage" if isinstance(exc, PolicyError) else "crashed",
                     messages=len(messages or []))
@@ -199,98 +283,111 @@ class Gateway:
         return [first, body, last]
 
     # ------------------------------------------------------------------ HTTP plumbing
-    def _handler_class(self) -> type:
+    def _build_app(self) -> Any:
+        from starlette.applications import Starlette
+        from starlette.exceptions import HTTPException
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse, StreamingResponse
+        from starlette.routing import Route
+
         gateway = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+        def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+            return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status)
 
-            def log_message(self, *args: Any) -> None:  # quiet: calls are recorded, not logged
-                pass
+        def authorize(request: Request) -> None:
+            if gateway.token is None:
+                return
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {gateway.token}".encode()):
+                raise _HTTPError(401, "missing or wrong bearer token", "authentication_error")
 
-            def _send(self, status: int, payload: dict) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        async def read_json(request: Request) -> Any:
+            declared = request.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > gateway.max_body_bytes:
+                raise _HTTPError(413, f"request body over {gateway.max_body_bytes} bytes")
+            chunks, size = [], 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > gateway.max_body_bytes:
+                    raise _HTTPError(413, f"request body over {gateway.max_body_bytes} bytes")
+                chunks.append(chunk)
+            try:
+                return json.loads(b"".join(chunks) or b"{}")
+            except ValueError as exc:
+                raise _HTTPError(400, f"invalid JSON body: {exc}") from None
 
-            def _error(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
-                self._send(status, {"error": {"message": message, "type": kind, "code": status}})
+        def episode_of(request: Request) -> str | None:
+            episode_id = request.path_params.get("episode_id") or request.headers.get("x-forge-episode")
+            if episode_id is not None and not _EPISODE_ID.match(episode_id):
+                raise _HTTPError(400, "episode id: expected 1-128 letters, digits, '.', '_' or '-'")
+            return episode_id
 
-            def _authorized(self) -> bool:
-                if gateway.token is None:
-                    return True
-                given = self.headers.get("Authorization", "")
-                if hmac.compare_digest(given.encode(), f"Bearer {gateway.token}".encode()):
-                    return True
-                self._error(401, "missing or wrong bearer token", "authentication_error")
-                return False
-
-            def _route(self) -> tuple[str | None, str]:
-                path = self.path.split("?", 1)[0]
-                m = _EPISODE_PATH.match(path)
-                if m:
-                    return m.group(1), m.group(2)
-                return self.headers.get("X-Forge-Episode"), path
-
-            def do_GET(self) -> None:
-                if self.path == "/health":
-                    return self._send(200, {"status": "ok"})
-                if not self._authorized():
-                    return
-                _, path = self._route()
-                if path == "/v1/models":
-                    names = [gateway.model_name] + [v for v in gateway.policy.versions() if v]
-                    return self._send(200, {"object": "list", "data": [
-                        {"id": n, "object": "model", "owned_by": "forge-bridge"} for n in names]})
-                self._error(404, f"no route GET {path}")
-
-            def do_POST(self) -> None:
-                if not self._authorized():
-                    return
-                episode_id, path = self._route()
-                length = int(self.headers.get("Content-Length") or 0)
-                if length > MAX_BODY:
-                    return self._error(413, f"request body over {MAX_BODY} bytes")
+        def handled(endpoint):
+            async def run(request: Request):
                 try:
-                    body = json.loads(self.rfile.read(length) or b"{}")
-                    if not isinstance(body, dict):
-                        raise InvalidArgument("the body must be a JSON object")
-                except ValueError as exc:
-                    return self._error(400, f"invalid JSON body: {exc}")
-                if path == "/finish" and episode_id:
-                    try:
-                        return self._send(200, gateway.finish(episode_id, body.get("reward"),
-                                                              body.get("status"), body.get("error")))
-                    except NotFound:
-                        return self._error(404, f"no open episode {episode_id}")
-                    except EpisodeClosed as exc:
-                        return self._error(409, str(exc))
-                    except (ValueError, SchemaError) as exc:
-                        return self._error(400, str(exc))
-                if path != "/v1/chat/completions":
-                    return self._error(404, f"no route POST {path}")
-                try:
-                    completion = gateway.complete(body, episode_id, self.headers)
+                    return await endpoint(request)
+                except _HTTPError as exc:
+                    return error(exc.status, str(exc), exc.kind)
+                except NotFound as exc:
+                    return error(404, f"no open episode {exc}")
                 except EpisodeClosed as exc:
-                    return self._error(409, str(exc))
+                    return error(409, str(exc))
                 except PolicyError as exc:
-                    return self._error(502, f"the policy failed: {exc}", "policy_error")
+                    return error(502, f"the policy failed: {exc}", "policy_error")
                 except (ValueError, TypeError, SchemaError) as exc:
-                    return self._error(400, str(exc))
-                if not body.get("stream"):
-                    return self._send(200, completion)
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Cache-Control", "no-cache")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                for chunk in gateway._chunks(completion):
-                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                self.wfile.write(b"data: [DONE]\n\n")
-                self.wfile.flush()
-                self.close_connection = True
+                    return error(400, str(exc))
+            return run
 
-        return Handler
+        async def health(request: Request):
+            return JSONResponse({"status": "ok"})
+
+        @handled
+        async def models(request: Request):
+            authorize(request)
+            names = [gateway.model_name] + [v for v in gateway.policy.versions() if v]
+            return JSONResponse({"object": "list", "data": [
+                {"id": n, "object": "model", "owned_by": "forge-bridge"} for n in names]})
+
+        @handled
+        async def chat(request: Request):
+            authorize(request)
+            body = await read_json(request)
+            check_request(body)
+            completion = await gateway.complete(body, episode_of(request), request.headers)
+            if not body.get("stream"):
+                return JSONResponse(completion)
+
+            async def events():
+                for chunk in gateway._chunks(completion):
+                    yield f"data: {json.dumps(chunk)}\n\n"
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+
+        @handled
+        async def finish(request: Request):
+            authorize(request)
+            body = await read_json(request)
+            if not isinstance(body, dict):
+                raise _HTTPError(400, "the body must be a JSON object")
+            return JSONResponse(gateway.finish(episode_of(request), body.get("reward"), body.get("status"),
+                                               body.get("error")))
+
+        async def not_found(request: Request, exc: HTTPException):
+            if exc.status_code == 405:
+                return error(405, f"{request.method} is not allowed on {request.url.path}")
+            return error(exc.status_code, f"no route {request.method} {request.url.path}")
+
+        episode = "/episodes/{episode_id:str}"
+        routes = [Route("/health", health, methods=["GET"]),
+                  Route("/v1/models", models, methods=["GET"]),
+                  Route(f"{episode}/v1/models", models, methods=["GET"]),
+                  Route("/v1/chat/completions", chat, methods=["POST"]),
+                  Route(f"{episode}/v1/chat/completions", chat, methods=["POST"]),
+                  Route(f"{episode}/finish", finish, methods=["POST"])]
+        return Starlette(routes=routes, exception_handlers={HTTPException: not_found})
+
+
+__all__ = ["Gateway", "MAX_BODY", "check_request"]

@@ -3,17 +3,18 @@
 import socket
 import uuid
 
-import crew_demos
 import pytest
-from forge_bridge.adapters.crewai import ForgeLLM
 
 import forge_bridge as fb
+from forge_bridge.adapters.crewai import ForgeLLM
 from forge_bridge.core.errors import PolicyUnavailable
 from forge_bridge.core.store import TrajectoryStore
 from forge_bridge.policies import models
 from forge_bridge.policies.scripted import ScriptedPolicy
 from forge_bridge.policies.vllm import VLLMPolicy
 from forge_bridge.policies.vllm_server import free_port
+
+import crew_demos
 
 GREEDY = {"temperature": 0, "max_tokens": 64}
 

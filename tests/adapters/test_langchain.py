@@ -4,7 +4,6 @@ import asyncio
 import threading
 
 import pytest
-from forge_bridge.adapters.langchain import ForgeChatModel, ForgeMiddleware
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.messages import AIMessage, HumanMessage
@@ -12,6 +11,7 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.tools import tool
 
 import forge_bridge as fb
+from forge_bridge.adapters.langchain import ForgeChatModel, ForgeMiddleware
 from forge_bridge.app import testing
 from forge_bridge.core.errors import PolicyUnavailable
 from forge_bridge.core.store import TrajectoryStore

@@ -4,12 +4,12 @@ of the agent's model calls one recorded step, the agent's own tools and prompts 
 import json
 
 import pytest
-from forge_bridge.adapters.langchain import ForgeMiddleware
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.tools import tool
 
 import forge_bridge as fb
+from forge_bridge.adapters.langchain import ForgeMiddleware
 from forge_bridge.envs.agent import AgentEnvironment
 from forge_bridge.envs.harness import HarnessAgent
 from forge_bridge.policies import models

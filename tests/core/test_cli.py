@@ -40,11 +40,52 @@ def test_export_missing_store_is_a_clear_error(tmp_path, capsys):
     assert "no trajectory store" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("cmd", [[], ["demo"], ["export"], ["serve"], ["train"], ["eval"], ["merge"], ["plot"]])
+@pytest.mark.parametrize("cmd", [[], ["demo"], ["export"], ["serve"], ["gateway"], ["train"], ["eval"], ["merge"],
+                                 ["plot"]])
 def test_help_is_available(cmd):
     proc = subprocess.run([sys.executable, "-m", "forge_bridge.app.cli", *cmd, "--help"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "usage: forge-bridge" in proc.stdout
+
+
+def test_the_gateway_command_records_an_openai_sdk_agent_and_prints_what_to_give_it(taught_model_dir, tmp_path):
+    import os
+    import re
+    import signal
+
+    import httpx
+    import openai
+
+    from forge_bridge.app import testing
+    from forge_bridge.policies.vllm_server import free_port
+
+    port, store = free_port(), tmp_path / "gw.db"
+    proc = subprocess.Popen([sys.executable, "-m", "forge_bridge.app.cli", "gateway", "--model",
+                             str(taught_model_dir), "--port", str(port), "--store", str(store),
+                             "--token", "s3cret"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("Ctrl-C"):
+                break
+        printed = "".join(lines)
+        assert f"base_url: http://127.0.0.1:{port}/v1" in printed and "export OPENAI_API_KEY=s3cret" in printed
+        url = re.search(r"export OPENAI_BASE_URL=(\S+)", printed).group(1).replace("<episode-id>", "e1")
+        client = openai.OpenAI(base_url=url, api_key="s3cret", max_retries=0)
+        reply = client.chat.completions.create(model="forge", messages=testing.ASK, tools=[testing.ADD_TOOL],
+                                               temperature=0, max_tokens=48)
+        assert reply.choices[0].message.tool_calls[0].function.name == "add"
+        done = httpx.post(url.removesuffix("/v1") + "/finish", json={"reward": 1.0},
+                          headers={"Authorization": "Bearer s3cret"})
+        assert done.json() == {"id": "e1", "status": "complete", "reward": 1.0, "steps": 1}
+    finally:
+        os.kill(proc.pid, signal.SIGINT)
+        rest = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0 and "stopped" in rest
+    with TrajectoryStore(store) as db:
+        (traj,) = db.trajectories()
+        assert traj.id == "e1" and traj.transitions[0].has_tokens and traj.reward == 1.0
 
 
 def test_serve_starts_vllm_with_the_adapter_and_prints_its_url(taught_model_dir, adapter_dirs):
@@ -125,11 +166,10 @@ def test_train_command_runs_a_users_rollout_module(taught_model_dir, tmp_path, m
 
 
 def test_config_flags_come_from_the_dataclasses():
-    from forge_bridge.trainer.config import TrainerConfig
-
     from forge_bridge.app.cli import DEMO_FLAGS, TRAIN_FLAGS, build_parser
     from forge_bridge.app.config_flags import config_kwargs, field_docs
     from forge_bridge.app.demo import DemoConfig
+    from forge_bridge.trainer.config import TrainerConfig
 
     parser = build_parser()
     args = parser.parse_args(["train", "--rollout", "m:r", "--tasks", "m:t"])

@@ -4,7 +4,6 @@ and the gateway record the same reply the same way, mark the end of an episode t
 
 import json
 
-import crew_demos
 import httpx
 import pytest
 
@@ -14,6 +13,8 @@ from forge_bridge.core.recording import DEFAULT_MAX_MODEL_CALLS, DEFAULT_TOOL_TI
 from forge_bridge.core.store import TrajectoryStore
 from forge_bridge.policies import models
 from forge_bridge.policies.scripted import ScriptedPolicy
+
+import crew_demos
 
 QUESTION = "What is 2 plus 3?"
 CALL = testing.CALL
@@ -37,10 +38,11 @@ def malformed(messages, tools) -> str:
 
 # --------------------------------------------------------------------------- the four front ends
 def run_langchain(policy, recorder, limit):
-    from forge_bridge.adapters.langchain import ForgeMiddleware
     from langchain.agents import create_agent
     from langchain_core.language_models.fake_chat_models import FakeListChatModel
     from langchain_core.tools import tool
+
+    from forge_bridge.adapters.langchain import ForgeMiddleware
 
     @tool
     def add(a: int, b: int) -> int:
@@ -166,7 +168,6 @@ def test_a_tool_loop_is_cut_at_the_step_limit_and_ends_truncated(front_end, toke
 def test_limits_are_on_by_default_in_every_front_end_and_may_be_turned_off(tokenizer):
     from forge_bridge.adapters.crewai import ForgeLLM
     from forge_bridge.adapters.langchain import ForgeMiddleware
-
     from forge_bridge.envs.harness import HarnessAgent
     from forge_bridge.serving.gateway import Gateway
 
@@ -176,9 +177,7 @@ def test_limits_are_on_by_default_in_every_front_end_and_may_be_turned_off(token
     assert ForgeMiddleware(policy).limits == defaults
     assert ForgeLLM(policy).limits == defaults
     assert HarnessAgent(policy, lambda: None).limits.max_model_calls == 25
-    gw = Gateway(policy, fb.Recorder(":memory:"))
-    assert gw.limits.max_model_calls == 25
-    gw._server.server_close()
+    assert Gateway(policy, fb.Recorder(":memory:")).limits.max_model_calls == 25
     off = ForgeMiddleware(policy, max_model_calls=None, tool_timeout_s=None)
     assert off.limits.max_model_calls is None and off.limits.tool_timeout_s is None
     with pytest.raises(ValueError, match="max_model_calls"):

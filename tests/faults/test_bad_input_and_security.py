@@ -7,11 +7,11 @@ import re
 from pathlib import Path
 
 import pytest
-from forge_bridge.trainer.rollouts import RolloutError
 
 import forge_bridge as fb
 from forge_bridge.app.demo import DemoConfig
 from forge_bridge.envs.http import JSONService
+from forge_bridge.trainer.rollouts import RolloutError
 
 PACKAGE_DIRS = [Path(fb.__file__).parent, Path(fb.__file__).parent.parent / "adapters",
                 Path(fb.__file__).parent.parent / "trainer"]

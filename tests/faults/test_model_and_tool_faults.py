@@ -7,12 +7,12 @@ import json
 import time
 
 import pytest
-from forge_bridge.adapters.langchain import ForgeMiddleware
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.tools import tool
 
 import forge_bridge as fb
+from forge_bridge.adapters.langchain import ForgeMiddleware
 from forge_bridge.envs.harness import HarnessAgent
 from forge_bridge.envs.tool import ToolEnvironment, ToolTask, function_schema
 from forge_bridge.policies import models

@@ -5,14 +5,15 @@ no step without token ids is stored, and the trainer skips the failed episodes a
 import time
 
 import pytest
-from fake_vllm import FakeVLLM
-from forge_bridge.adapters.langchain import ForgeMiddleware
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.tools import tool
 
 import forge_bridge as fb
+from forge_bridge.adapters.langchain import ForgeMiddleware
 from forge_bridge.policies.vllm import VLLMPolicy
+
+from fake_vllm import FakeVLLM
 
 QUESTION = {"messages": [{"role": "user", "content": "What is 2 plus 3?"}]}
 

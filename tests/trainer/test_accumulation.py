@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from forge_bridge.trainer.batch import Sample
 
 import forge_bridge as fb
 from forge_bridge.policies import models
+from forge_bridge.trainer.batch import Sample
 
 
 def samples(vocab: int) -> list[Sample]:

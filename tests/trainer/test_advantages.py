@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from forge_bridge.trainer.advantages import discounted_returns, gae, group_advantages, step_rewards
 
 

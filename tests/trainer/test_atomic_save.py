@@ -60,9 +60,8 @@ def test_a_kill_in_the_middle_of_an_adapter_save_leaves_a_loadable_version(when,
     assert leftovers and all(name.startswith(".run-v3-tmp") for name in leftovers)
 
     # the next save clears what the killed one left behind
-    from forge_bridge.trainer.lora import attach_lora, save_adapter
-
     from forge_bridge.policies import models
+    from forge_bridge.trainer.lora import attach_lora, save_adapter
 
     model = attach_lora(models.tiny()[0], 4, 8, ("q_proj",))
     save_adapter(model, path)

@@ -3,13 +3,13 @@ against hand-computed advantages."""
 
 import pytest
 import torch
-from forge_bridge.trainer.config import GRPOConfig, PPOConfig
-from forge_bridge.trainer.grpo import grpo_advantages
-from forge_bridge.trainer.ppo import ppo_advantages
 
 import forge_bridge as fb
 from forge_bridge.core.types import Action, Observation, Trajectory, TrajectoryGroup, Transition
 from forge_bridge.policies import models
+from forge_bridge.trainer.config import GRPOConfig, PPOConfig
+from forge_bridge.trainer.grpo import grpo_advantages
+from forge_bridge.trainer.ppo import ppo_advantages
 
 
 def rollout(reward: float, token: int, group: str = "g", role: str | None = None, steps: int = 1) -> Trajectory:

@@ -1,9 +1,9 @@
 """Samples come from the recorded token ids, with the loss on completions only."""
 
 import torch
-from forge_bridge.trainer.batch import build_samples, collate
 
 from forge_bridge.core.types import Action, Observation, Trajectory, Transition
+from forge_bridge.trainer.batch import build_samples, collate
 
 
 def step(prompt, completion, logprobs=None):

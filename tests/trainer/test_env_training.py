@@ -4,7 +4,6 @@ trains a wrapped LangChain agent: one rollout interface, no code path of its own
 import json
 
 import torch
-import training_task
 
 import forge_bridge as fb
 from forge_bridge.app import testing
@@ -12,6 +11,8 @@ from forge_bridge.envs.harness import HarnessAgent
 from forge_bridge.envs.terminal import TerminalEnvironment
 from forge_bridge.envs.tool import ToolTask
 from forge_bridge.policies import models
+
+import training_task
 
 PROMPT = "Create hello.txt containing hello."
 

@@ -2,9 +2,9 @@
 positions it must equal the full model's log-probabilities and entropy."""
 
 import torch
-from forge_bridge.trainer.logprobs import token_logprobs
 
 from forge_bridge.policies import models
+from forge_bridge.trainer.logprobs import token_logprobs
 
 
 def test_logprobs_and_entropy_at_trained_positions_match_the_full_model():

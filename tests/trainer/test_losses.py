@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+
 from forge_bridge.trainer.losses import aggregate, clipped_policy_loss, kl_k3, value_loss
 
 

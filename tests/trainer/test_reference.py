@@ -3,10 +3,10 @@ warms up over the first optimizer steps; groups without reward signal still carr
 
 import pytest
 import torch
-from forge_bridge.trainer.logprobs import token_logprobs
 
 import forge_bridge as fb
 from forge_bridge.policies import models
+from forge_bridge.trainer.logprobs import token_logprobs
 
 
 @pytest.fixture()

@@ -9,9 +9,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-import training_task
-
 from forge_bridge.core.store import TrajectoryStore
+
+import training_task
 
 SCRIPT = textwrap.dedent("""
     import os, sys, time

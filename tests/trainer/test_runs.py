@@ -5,12 +5,7 @@ with reward 0, not skipped as a crash."""
 
 import json
 
-import crew_demos
 import pytest
-import training_task
-from forge_bridge.trainer.config import GRPOConfig
-from forge_bridge.trainer.grpo import GRPOTrainer
-from forge_bridge.trainer.rollouts import tasks_for
 
 import forge_bridge as fb
 from forge_bridge.app import testing
@@ -19,6 +14,12 @@ from forge_bridge.core.runs import set_aside
 from forge_bridge.core.store import TrajectoryStore
 from forge_bridge.policies import models
 from forge_bridge.policies.scripted import ScriptedPolicy
+from forge_bridge.trainer.config import GRPOConfig
+from forge_bridge.trainer.grpo import GRPOTrainer
+from forge_bridge.trainer.rollouts import tasks_for
+
+import crew_demos
+import training_task
 
 
 def spy_on_groups(trainer) -> list[dict]:
@@ -81,9 +82,10 @@ def loops(messages, tools) -> str:
 
 
 def langchain_rollout(policy):
-    from forge_bridge.adapters.langchain import ForgeMiddleware
     from langchain.agents import create_agent
     from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    from forge_bridge.adapters.langchain import ForgeMiddleware
 
     agent = create_agent(FakeListChatModel(responses=["unused"]), [training_task.add],
                          middleware=[ForgeMiddleware(policy, max_model_calls=None)])

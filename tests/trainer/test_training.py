@@ -3,11 +3,12 @@
 
 import pytest
 import torch
-import training_task
-from forge_bridge.trainer.sft import SFTConfig, supervised_finetune
 
 import forge_bridge as fb
 from forge_bridge.core.store import TrajectoryStore
+from forge_bridge.trainer.sft import SFTConfig, supervised_finetune
+
+import training_task
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +61,9 @@ def test_rl_improves_the_success_rate_and_moves_only_the_lora(algo, choice_model
 
 
 def test_new_adapter_serves_the_next_call_of_running_langchain_and_crewai_agents(taught_model_dir, tmp_path):
-    import crew_demos
     from forge_bridge.adapters.crewai import ForgeLLM
+
+    import crew_demos
 
     policy = fb.LocalPolicy(str(taught_model_dir))  # knows the test crew's prompts
     agent = training_task.agent_for(policy)

@@ -4,12 +4,12 @@ choosing either tool about half the time, so RL has something to improve."""
 
 from __future__ import annotations
 
-from forge_bridge.adapters.langchain import ForgeMiddleware
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.tools import tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
+from forge_bridge.adapters.langchain import ForgeMiddleware
 from forge_bridge.app import testing
 from forge_bridge.policies import models
 
