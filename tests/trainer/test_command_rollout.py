@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import forge_bridge as fb
 from forge_bridge.app import testing
@@ -31,9 +32,11 @@ def choice_model_dir(tmp_path_factory):
 
 
 def test_grpo_trains_an_agent_process_through_the_gateway(choice_model_dir, tmp_path):
+    torch.manual_seed(0)
     policy = fb.LocalPolicy(choice_model_dir)
     before = p_add(policy)
-    config = fb.GRPOConfig(group_size=8, lr=3e-3, epochs=2, lora_rank=8, lora_alpha=16, concurrency=8,
+    # one process at a time: each call is then a batch of its own and the run is the same every time
+    config = fb.GRPOConfig(group_size=8, lr=3e-3, epochs=2, lora_rank=8, lora_alpha=16, concurrency=1,
                            out_dir=str(tmp_path / "run"), run_name="proc", progress=False, seed=0)
     trainer = fb.GRPOTrainer(policy, config)
     with CommandRollout([sys.executable, AGENT, "{task_json}"], policy, timeout_s=120) as rollout:
