@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from pathlib import Path
 
 from forge_bridge.app.config_flags import add_config_flags, config_kwargs
@@ -137,9 +138,17 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_gateway(args: argparse.Namespace) -> int:
+def _stop_on_signal() -> threading.Event:
+    """An event set by Ctrl-C or SIGTERM: a server command waits on it, then shuts down cleanly."""
     import signal
-    import threading
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _cmd_gateway(args: argparse.Namespace) -> int:
 
     import forge_bridge as fb
     from forge_bridge.serving.gateway import Gateway
@@ -162,9 +171,7 @@ Give an agent:
     export OPENAI_BASE_URL={gateway.episode_url('<episode-id>')}
     export OPENAI_API_KEY={key}
 Ctrl-C stops the gateway.""", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = _stop_on_signal()
     stop.wait()
     gateway.stop()
     policy.close()
@@ -173,8 +180,6 @@ Ctrl-C stops the gateway.""", flush=True)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    import signal
-    import threading
 
     from forge_bridge.policies import models
     from forge_bridge.policies.base import check_adapter_dir
@@ -201,9 +206,7 @@ CrewAI:
 
 Any OpenAI client: OPENAI_BASE_URL={server.base_url}
 Ctrl-C stops the server.""", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = _stop_on_signal()
     while not stop.wait(1.0):
         if server.proc is not None and server.proc.poll() is not None:
             print(f"vLLM exited with code {server.proc.returncode}:\n{server.log_tail()}",
