@@ -45,7 +45,7 @@ def behaviour_logprobs(model, pairs):
     from forge_bridge.trainer.logprobs import token_logprobs
 
     samples = [Sample(input_ids=p + c, loss_mask=[0] * len(p) + [1] * len(c),
-                      old_logprobs=[0.0] * (len(p) + len(c)), advantages=[0.0] * (len(p) + len(c)))
+                      sampler_logprobs=[0.0] * (len(p) + len(c)), advantages=[0.0] * (len(p) + len(c)))
                for p, c in pairs]
     batch = collate(samples, 0)
     with torch.no_grad():
@@ -65,7 +65,7 @@ def ours(model_name: str, pairs, advantages, old, minibatch: int, autocast) -> f
                                                    out_dir=tempfile.mkdtemp(), progress=False,
                                                    bf16=autocast), model=model_name)
     samples = [Sample(input_ids=p + c, loss_mask=[0] * len(p) + [1] * len(c),
-                      old_logprobs=[0.0] * len(p) + lp, advantages=[0.0] * len(p) + [a] * len(c))
+                      sampler_logprobs=[0.0] * len(p) + lp, advantages=[0.0] * len(p) + [a] * len(c))
                for (p, c), a, lp in zip(pairs, advantages, old)]
     t0 = time.perf_counter()
     trainer.update(samples)

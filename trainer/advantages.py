@@ -1,15 +1,28 @@
 """Per-step advantages over the model calls of multi-turn trajectories (pure functions).
 
-A trajectory of S model calls has step rewards r_0..r_{S-1} (the outcome reward added to the
-last step). The discounted return G_t = r_t + gamma * G_{t+1} gives an early step credit for
-what follows it, discounted by how far the outcome is. GRPO compares each G_t with the other
-rollouts of the same task; PPO uses GAE over steps with a value estimate per step. Each step's
-advantage is then given to its completion tokens (`batch.build_samples`).
+A trajectory of S model calls has step rewards r_0..r_{S-1} (environment rewards, step-reward
+hooks, and the outcome reward added to the last step) and discounted returns
+G_t = r_t + gamma * G_{t+1}. Two estimates of how good an action was:
+
+- **episode level** (GRPO): the whole rollout's return R = sum_t r_t against the other rollouts
+  of the task (or of the batch), given to every step of it;
+- **step level** (anchor states, as GiGPO): steps taken from the *same* observation -- the same
+  prompt token ids, or the same user-supplied state key -- form a step group wherever they occur
+  in the rollouts, at whatever index. Within it, the value of the state is the mean return of its
+  members and the value of an action the mean return of the members that took that same action
+  (the same completion token ids): A_step = (Q(s, a) - V(s)) / std_s. Rollouts that reached the
+  same state and acted differently are separated there; where every member acted alike, the
+  step-level advantage is 0 -- the decision was not made at that step.
+
+The combined advantage is A_episode + omega * A_step; a step with no sibling has only the episode
+term. Returns are never compared across different states, so rollouts of unequal length are
+never compared across different decisions. PPO uses GAE over steps with a value per step, and
+bootstraps V(s_T) after a truncated episode (0 after a terminated one).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Hashable, Sequence
 
 import torch
 
@@ -32,28 +45,71 @@ def discounted_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
     return returns
 
 
-def group_advantages(returns: Sequence[torch.Tensor], scale_by_std: bool = True,
-                     eps: float = 1e-6) -> list[torch.Tensor]:
-    """GRPO within one task's group, per step index: A_{i,t} = (G_{i,t} - mean_j G_{j,t}) / std_j,
-    over the rollouts j that reached step t. A step no other rollout reached, and a group whose
-    returns are all equal, get advantage 0 (no signal, never NaN).
+def _normalise(values: torch.Tensor, scale_by_std: bool, eps: float) -> torch.Tensor:
+    """values - mean, divided by the std when asked; all-equal values give zeros.  [N] -> [N]."""
+    centred = values - values.mean()
+    if not scale_by_std:
+        return centred
+    std = values.std(unbiased=False)
+    return centred / (std + eps) if std > eps else torch.zeros_like(centred)
 
-    returns: one [S_i] tensor per rollout -> one [S_i] tensor of advantages per rollout.
-    """
-    longest = max((len(g) for g in returns), default=0)
-    out = [torch.zeros_like(g) for g in returns]
-    for t in range(longest):
-        members = [i for i, g in enumerate(returns) if len(g) > t]
-        if len(members) < 2:
+
+def episode_advantages(returns: Sequence[float], scale_by_std: bool = True, eps: float = 1e-6
+                       ) -> torch.Tensor:
+    """GRPO's episode-level advantage: each rollout's return against the pool's.
+    A lone rollout, and a pool whose returns are all equal, get 0 (no signal, never NaN).
+
+    returns: [N] episode returns -> [N] advantages."""
+    r = torch.tensor(list(returns), dtype=torch.float32)
+    if len(r) < 2:
+        return torch.zeros_like(r)
+    return _normalise(r, scale_by_std, eps)
+
+
+def anchor_step_advantages(returns: Sequence[torch.Tensor], states: Sequence[Sequence[Hashable]],
+                           actions: Sequence[Sequence[Hashable]], scale_by_std: bool = True,
+                           eps: float = 1e-6) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Step-level advantages within anchor-state groups: A = (Q(s, a) - V(s)) / std_s, where V(s)
+    is the mean return of every step taken from state s and Q(s, a) the mean over those that took
+    action a. Steps are grouped by state key wherever they occur (any rollout, any index).
+
+    returns, states, actions: per rollout i, [S_i] returns and S_i state and action keys ->
+    (advantages, one [S_i] tensor per rollout; has_sibling, one [S_i] bool tensor per rollout:
+    whether another step was taken from the same state; where not, the advantage is 0)."""
+    members: dict[Hashable, list[tuple[int, int]]] = {}
+    for i, keys in enumerate(states):
+        if len(keys) != len(returns[i]) or len(actions[i]) != len(returns[i]):
+            raise ValueError(f"rollout {i}: {len(returns[i])} returns, {len(keys)} states, "
+                             f"{len(actions[i])} actions")
+        for t, key in enumerate(keys):
+            members.setdefault(key, []).append((i, t))
+    adv = [torch.zeros_like(g) for g in returns]
+    sibling = [torch.zeros(len(g), dtype=torch.bool) for g in returns]
+    for group in members.values():
+        if len(group) < 2:
             continue
-        column = torch.stack([returns[i][t] for i in members])  # [M]
-        centred = column - column.mean()
+        g = torch.stack([returns[i][t] for i, t in group])  # [M]
+        by_action: dict[Hashable, list[int]] = {}
+        for k, (i, t) in enumerate(group):
+            by_action.setdefault(actions[i][t], []).append(k)
+        q = torch.zeros_like(g)  # [M]: the mean return of the members that took the same action
+        for ks in by_action.values():
+            q[ks] = g[ks].mean()
+        centred = q - g.mean()
         if scale_by_std:
-            std = column.std(unbiased=False)
+            std = g.std(unbiased=False)
             centred = centred / (std + eps) if std > eps else torch.zeros_like(centred)
-        for k, i in enumerate(members):
-            out[i][t] = centred[k]
-    return out
+        for k, (i, t) in enumerate(group):
+            adv[i][t] = centred[k]
+            sibling[i][t] = True
+    return adv, sibling
+
+
+def combine(episode: torch.Tensor, step: torch.Tensor, has_sibling: torch.Tensor, omega: float
+            ) -> torch.Tensor:
+    """A_t = A_episode + omega * A_step,t where step t has a sibling, else A_episode.
+    episode: scalar, step and has_sibling: [S] -> [S]."""
+    return episode + omega * step * has_sibling.to(step.dtype)
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float,

@@ -4,7 +4,8 @@ One sample per model call: `prompt_token_ids + completion_token_ids`, trained on
 only. Consecutive calls of a trajectory may be merged into one sequence when the next prompt
 extends the previous prompt + completion exactly (the tokens in between, tool results, are not
 trained on). Token p of a sample carries the behaviour logprob and the advantage of the step
-that produced it. A sequence over the length limit keeps its first `max_len` tokens and is
+that produced it, and the sample the temperature its tokens were sampled at (the trainer scores
+them at that temperature). A sequence over the length limit keeps its first `max_len` tokens and is
 flagged; one whose completion would be cut away entirely is left out and counted, never dropped
 silently.
 """
@@ -25,7 +26,8 @@ class Sample:
 
     input_ids: list[int]
     loss_mask: list[int]
-    old_logprobs: list[float]
+    sampler_logprobs: list[float]
+    """The logprobs the sampling policy recorded (0 on prompt tokens)."""
     advantages: list[float]
     value_positions: list[int] = field(default_factory=list)
     """Per step in this sample: the position of its last prompt token (where V(s_t) is read)."""
@@ -33,6 +35,16 @@ class Sample:
     """Per step in this sample: the value target (PPO)."""
     steps: list[tuple[str, int]] = field(default_factory=list)
     truncated: bool = False
+    temperature: float = 1.0
+    """The sampling temperature of its completions (1 where unknown or greedy)."""
+    trainer_logprobs: list[float] | None = None
+    """pi_old: the trainer's own logprobs before the update, when it had to compute them apart."""
+
+
+def scoring_temperature(temperature: float | None) -> float:
+    """The temperature a step's tokens are scored at: its sampling temperature; 1 where it was
+    greedy (0: no distribution to match) or unknown."""
+    return float(temperature) if temperature else 1.0
 
 
 @dataclass
@@ -61,12 +73,14 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
             adv = float(step_advantages[i][s])
             ret = float(step_returns[i][s]) if step_returns is not None else 0.0
             prompt, completion = step.prompt_token_ids, step.completion_token_ids
-            if merge and current is not None and prompt[:len(current.input_ids)] == current.input_ids:
+            temperature = scoring_temperature(step.temperature)
+            if (merge and current is not None and current.temperature == temperature
+                    and prompt[:len(current.input_ids)] == current.input_ids):
                 gap = prompt[len(current.input_ids):]
                 current.value_positions.append(len(current.input_ids) + len(gap) - 1)
                 current.input_ids += gap + completion
                 current.loss_mask += [0] * len(gap) + [1] * len(completion)
-                current.old_logprobs += [0.0] * len(gap) + list(step.completion_logprobs)
+                current.sampler_logprobs += [0.0] * len(gap) + list(step.completion_logprobs)
                 current.advantages += [0.0] * len(gap) + [adv] * len(completion)
                 current.returns.append(ret)
                 current.steps.append((traj.id, s))
@@ -74,9 +88,10 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
                 continue
             current = Sample(input_ids=list(prompt) + list(completion),
                              loss_mask=[0] * len(prompt) + [1] * len(completion),
-                             old_logprobs=[0.0] * len(prompt) + list(step.completion_logprobs),
+                             sampler_logprobs=[0.0] * len(prompt) + list(step.completion_logprobs),
                              advantages=[0.0] * len(prompt) + [adv] * len(completion),
-                             value_positions=[len(prompt) - 1], returns=[ret], steps=[(traj.id, s)])
+                             value_positions=[len(prompt) - 1], returns=[ret], steps=[(traj.id, s)],
+                             temperature=temperature)
             samples.append(current)
     kept = []
     for sample in samples:
@@ -84,7 +99,7 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
             keep = [p for p in sample.value_positions if p < max_len - 1]
             sample.returns = sample.returns[:len(keep)]
             sample.value_positions = keep
-            for name in ("input_ids", "loss_mask", "old_logprobs", "advantages"):
+            for name in ("input_ids", "loss_mask", "sampler_logprobs", "advantages"):
                 setattr(sample, name, getattr(sample, name)[:max_len])
             sample.truncated = True
             if sum(sample.loss_mask) == 0:
@@ -98,8 +113,9 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
 
 
 def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded tensors: input_ids, attention_mask, loss_mask, old_logprobs, advantages [B, T];
-    value_positions, returns, value_mask [B, S_max]."""
+    """Right-padded tensors: input_ids, attention_mask, loss_mask, sampler_logprobs (recorded by
+    the policy that sampled), advantages [B, T], and trainer_logprobs [B, T] when every sample has
+    them; temperature [B]; value_positions, returns, value_mask [B, S_max]."""
     B = len(samples)
     T = max(len(s.input_ids) for s in samples)
     S = max(max(len(s.value_positions) for s in samples), 1)
@@ -107,18 +123,23 @@ def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
         "input_ids": torch.full((B, T), pad_id, dtype=torch.long),
         "attention_mask": torch.zeros((B, T), dtype=torch.long),
         "loss_mask": torch.zeros((B, T), dtype=torch.float32),
-        "old_logprobs": torch.zeros((B, T), dtype=torch.float32),
+        "sampler_logprobs": torch.zeros((B, T), dtype=torch.float32),
         "advantages": torch.zeros((B, T), dtype=torch.float32),
         "value_positions": torch.zeros((B, S), dtype=torch.long),
         "returns": torch.zeros((B, S), dtype=torch.float32),
         "value_mask": torch.zeros((B, S), dtype=torch.float32),
+        "temperature": torch.tensor([s.temperature for s in samples], dtype=torch.float32),
     }
+    if all(s.trainer_logprobs is not None for s in samples):
+        out["trainer_logprobs"] = torch.zeros((B, T), dtype=torch.float32)
     for b, s in enumerate(samples):
         n = len(s.input_ids)
         out["input_ids"][b, :n] = torch.tensor(s.input_ids)
         out["attention_mask"][b, :n] = 1
         out["loss_mask"][b, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
-        out["old_logprobs"][b, :n] = torch.tensor(s.old_logprobs)
+        out["sampler_logprobs"][b, :n] = torch.tensor(s.sampler_logprobs)
+        if "trainer_logprobs" in out:
+            out["trainer_logprobs"][b, :n] = torch.tensor(s.trainer_logprobs)
         out["advantages"][b, :n] = torch.tensor(s.advantages)
         k = len(s.value_positions)
         if k:

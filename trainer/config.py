@@ -40,8 +40,9 @@ class TrainerConfig:
     """Lower clip of the importance ratio: 1 - clip_low."""
     clip_high: float = 0.2
     """Upper clip of the importance ratio: 1 + clip_high (asymmetric clipping when different)."""
-    tis_cap: float | None = None
-    """Cap of truncated importance weights for stale samples (None: off)."""
+    tis_cap: float | None = 2.0
+    """Truncated importance sampling: each token weighted by min(pi_old / pi_sampler, tis_cap), for
+    the sampler (vLLM in bf16, a batched embedded policy) not matching the trainer (None: off)."""
     kl_beta: float = 0.0
     """Weight of the k3 KL to the reference (the base model, or what `freeze_reference` froze); 0 skips it."""
     warmup_steps: int = 0
@@ -63,8 +64,8 @@ class TrainerConfig:
     success_threshold: float = 1.0
     """A rollout whose reward reaches this counts as a success in the metrics."""
     skip_uniform_groups: bool = True
-    """GRPO: leave out groups whose rollouts all got the same reward (no signal against their own
-    group; keep them when the KL term should hold their prompts near the reference)."""
+    """GRPO with the group baseline: leave out groups whose every advantage is 0 (no signal against
+    their own group; keep them when the KL term should hold their prompts near the reference)."""
     bf16: bool | None = None
     """bf16 autocast for the update (None: where the CPU supports it)."""
     run_name: str = "run"
@@ -113,8 +114,13 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class GRPOConfig(TrainerConfig):
-    """Multi-turn GRPO: per-step discounted returns normalised within each task's group."""
+    """Multi-turn GRPO: an episode-level advantage plus a step-level one within anchor states."""
 
+    credit: str = "anchor"
+    """'anchor' (episode advantage + step advantage within groups of steps taken from the same
+    state) or 'trajectory' (the episode advantage on every step: outcome-level GRPO)."""
+    step_weight: float = 1.0
+    """omega: weight of the step-level advantage added to the episode-level one ('anchor')."""
     scale_by_std: bool = True
     """Divide by the group's standard deviation (False: only subtract the mean, as Dr. GRPO)."""
     baseline: str = "group"
@@ -125,6 +131,9 @@ class GRPOConfig(TrainerConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.baseline in ("group", "batch"), "baseline", "'group' or 'batch'", self.baseline)
+        _check(self.credit in ("anchor", "trajectory"), "credit", "'anchor' or 'trajectory'", self.credit)
+        _check(_number(self.step_weight) and self.step_weight >= 0, "step_weight", "a number >= 0",
+               self.step_weight)
 
 
 @dataclass(frozen=True)

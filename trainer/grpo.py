@@ -1,40 +1,75 @@
-"""Multi-turn GRPO: per-step discounted returns, compared with the other rollouts of the same
-task (or, with `baseline='batch'`, with every rollout of the iteration), on a clipped surrogate.
+"""Multi-turn GRPO with per-step credit: an episode-level advantage (each rollout's return
+against the other rollouts of its task, or with `baseline='batch'` every rollout of the
+iteration) plus, with `credit='anchor'`, a step-level one within anchor-state groups (steps taken
+from the same observation, wherever they occur), on a clipped surrogate.
 
-    returns   G_t = r_t + gamma * G_{t+1}            (the outcome reward on the last step)
-    advantage A_t = (G_t - mean G_t) / std G_t       over the rollouts that reached step t
+    episode   A_ep = (R - mean R) / std R                  R = the rollout's total reward
+    step      A_st = (Q(s, a) - V(s)) / std_s             G_t = r_t + gamma * G_{t+1}, grouped by state s
+    advantage A_t  = A_ep + step_weight * A_st           (A_ep alone on a step with no sibling)
     loss      clipped surrogate on each completion token, + kl_beta * KL to the reference
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Hashable, Sequence
 
 import torch
 
-from forge_bridge.core.types import TrajectoryGroup
-from forge_bridge.trainer.advantages import discounted_returns, group_advantages, step_rewards
+from forge_bridge.core.types import Trajectory, Transition, TrajectoryGroup
+from forge_bridge.trainer.advantages import (
+    anchor_step_advantages,
+    combine,
+    discounted_returns,
+    episode_advantages,
+    step_rewards,
+)
 from forge_bridge.trainer.batch import build_samples
 from forge_bridge.trainer.config import GRPOConfig
 from forge_bridge.trainer.loop import Trainer
 
 
-def grpo_advantages(groups: Sequence[TrajectoryGroup], config: GRPOConfig) -> list[list[torch.Tensor]]:
-    """Per-step advantages: one [S] tensor per trajectory, nested as `groups` is. The baseline
-    pool is each group ('group'), or every group of the same role ('batch': a crew's roles are
-    scored apart)."""
-    returns = [[discounted_returns(step_rewards([s.reward for s in t.transitions], t.reward), config.gamma)
-                for t in group.trajectories] for group in groups]
-    if config.baseline == "group":
-        return [group_advantages(r, config.scale_by_std) for r in returns]
-    pools: dict[str | None, list[tuple[int, int]]] = {}  # role -> (group, trajectory) indices
+def state_key(traj: Trajectory, t: int) -> Hashable:
+    """The observation step t acted on: the user's `info['state_key']` when the front end set
+    one, else the exact prompt token ids (a step without tokens matches nothing)."""
+    step: Transition = traj.transitions[t]
+    if "state_key" in step.info:
+        return ("state", str(step.info["state_key"]))
+    return ("prompt", tuple(step.prompt_token_ids)) if step.prompt_token_ids else ("alone", traj.id, t)
+
+
+def action_key(step: Transition) -> Hashable:
+    """What was done there: the exact completion token ids (else the parsed action)."""
+    if step.completion_token_ids:
+        return tuple(step.completion_token_ids)
+    return (step.action.content, tuple((c.name, c.arguments) for c in step.action.tool_calls))
+
+
+def _pools(groups: Sequence[TrajectoryGroup], baseline: str) -> list[list[tuple[int, int]]]:
+    """(group, trajectory) indices compared with each other: each group, or each role's batch."""
+    if baseline == "group":
+        return [[(g, i) for i in range(len(group))] for g, group in enumerate(groups)]
+    pools: dict[str | None, list[tuple[int, int]]] = {}
     for g, group in enumerate(groups):
         pools.setdefault(group.role, []).extend((g, i) for i in range(len(group)))
+    return list(pools.values())
+
+
+def grpo_advantages(groups: Sequence[TrajectoryGroup], config: GRPOConfig) -> list[list[torch.Tensor]]:
+    """Per-step advantages: one [S] tensor per trajectory, nested as `groups` is."""
     out = [[torch.zeros(0)] * len(group) for group in groups]
-    for members in pools.values():
-        for (g, i), adv in zip(members, group_advantages([returns[g][i] for g, i in members],
-                                                         config.scale_by_std)):
-            out[g][i] = adv
+    for pool in _pools(groups, config.baseline):
+        trajs = [groups[g].trajectories[i] for g, i in pool]
+        rewards = [step_rewards([s.reward for s in t.transitions], t.reward) for t in trajs]
+        episode = episode_advantages([float(r.sum()) for r in rewards], config.scale_by_std)  # [N]
+        if config.credit == "anchor":
+            step, sibling = anchor_step_advantages(
+                [discounted_returns(r, config.gamma) for r in rewards],
+                [[state_key(t, k) for k in range(len(t.transitions))] for t in trajs],
+                [[action_key(s) for s in t.transitions] for t in trajs], config.scale_by_std)
+        else:
+            step = sibling = [torch.zeros(len(t.transitions)) for t in trajs]
+        for n, (g, i) in enumerate(pool):
+            out[g][i] = combine(episode[n], step[n], sibling[n].bool(), config.step_weight)
     return out
 
 
@@ -42,9 +77,14 @@ class GRPOTrainer(Trainer):
     config: GRPOConfig
 
     def prepare(self, groups):
-        skip = self.config.skip_uniform_groups and self.config.baseline == "group"
-        kept = [g for g in groups if not (skip and len(set(g.rewards)) == 1)]  # no signal in them
-        advantages = grpo_advantages(kept, self.config)
+        advantages = grpo_advantages(groups, self.config)
+        if self.config.skip_uniform_groups and self.config.baseline == "group":
+            # a group whose every advantage is 0 says nothing against its own rollouts
+            signal = [any(bool(a.any()) for a in advs) for advs in advantages]
+            kept = [g for g, s in zip(groups, signal) if s]
+            advantages = [a for a, s in zip(advantages, signal) if s]
+        else:
+            kept = list(groups)
         trajectories = [t for group in kept for t in group.trajectories]
         flat = [a for group in advantages for a in group]
         samples, stats = build_samples(trajectories, flat, self.config.max_seq_len, self.config.merge_steps)
@@ -56,4 +96,4 @@ class GRPOTrainer(Trainer):
         return self.policy_loss(logp, batch)
 
 
-__all__ = ["GRPOTrainer", "grpo_advantages"]
+__all__ = ["GRPOTrainer", "action_key", "grpo_advantages", "state_key"]

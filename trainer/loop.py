@@ -29,7 +29,7 @@ from forge_bridge.trainer.batch import BatchStats, Sample, collate
 from forge_bridge.trainer.config import TrainerConfig
 from forge_bridge.trainer.logprobs import token_logprobs
 from forge_bridge.trainer.lora import attach_lora, save_adapter
-from forge_bridge.trainer.losses import aggregate, clipped_policy_loss, kl_k3
+from forge_bridge.trainer.losses import aggregate, clipped_policy_loss, kl_k3, tis_weights
 from forge_bridge.trainer.rollouts import Rollout, TaskSchedule
 
 
@@ -91,19 +91,30 @@ class Trainer:
         raise NotImplementedError
 
     def policy_loss(self, logp: torch.Tensor, batch: dict) -> tuple[torch.Tensor, dict]:
-        """The clipped surrogate GRPO and PPO share, plus the KL to the reference when `kl_beta`
-        is set; without it the KL to the behaviour policy is only logged (a cheap drift gauge)."""
+        """The clipped surrogate GRPO and PPO share. The ratio is against pi_old, the trainer's
+        own logprobs before this update (`trainer_logprobs`, or when the update is one optimizer
+        step, the current ones without gradient: the same numbers, no extra pass); with `tis_cap`
+        each token is weighted by min(pi_old / pi_sampler, cap) for the sampler's mismatch. Plus
+        the KL to the reference when `kl_beta` is set; without it the KL to the sampler is only
+        logged (a cheap drift gauge)."""
         mask = batch["loss_mask"]
-        loss, stats = clipped_policy_loss(logp, batch["old_logprobs"], batch["advantages"], mask,
-                                          self.config.clip_low, self.config.clip_high,
-                                          self.config.tis_cap, self.config.loss_aggregation)
+        sampler = batch["sampler_logprobs"]
+        old = batch["trainer_logprobs"] if "trainer_logprobs" in batch else logp.detach()
+        weights = None if self.config.tis_cap is None else tis_weights(old, sampler, self.config.tis_cap)
+        loss, stats = clipped_policy_loss(logp, old, batch["advantages"], mask, self.config.clip_low,
+                                          self.config.clip_high, weights, self.config.loss_aggregation)
+        m = mask.bool()
+        with torch.no_grad():
+            stats["sampler_logp_gap"] = float((old - sampler)[m].abs().mean()) if m.any() else 0.0
+            if weights is not None:
+                stats["tis_weight_mean"] = float(weights[m].mean()) if m.any() else 1.0
         if self.config.kl_beta > 0:
             kl = aggregate(kl_k3(logp, self.reference_logprobs(batch)), mask, self.config.loss_aggregation)
             loss = loss + self.config.kl_beta * kl
             stats["kl"] = float(kl.detach())
         else:
             with torch.no_grad():
-                stats["kl"] = float(aggregate(kl_k3(logp, batch["old_logprobs"]), mask))
+                stats["kl"] = float(aggregate(kl_k3(logp, sampler), mask))
         return loss, stats
 
     # ------------------------------------------------------------------ the loop
@@ -163,6 +174,8 @@ class Trainer:
 
     def update(self, samples: list[Sample]) -> dict:
         """`epochs` passes of minibatch steps over the samples; returns averaged statistics."""
+        if self.config.epochs > 1 or len(samples) > self.config.minibatch_size:
+            self._score_old(samples)  # later steps would otherwise see an already-moved policy
         self.model.train()
         totals: dict[str, float] = {}
         steps = 0
@@ -176,6 +189,24 @@ class Trainer:
                 steps += 1
         self.model.eval()
         return {k: v / max(steps, 1) for k, v in totals.items()} | {"optimizer_steps": steps}
+
+    def _score_old(self, samples: list[Sample]) -> None:
+        """pi_old: the logprobs of every sample under the weights before this update."""
+        size = self.config.microbatch_size or self.config.minibatch_size
+        with torch.no_grad():
+            for start in range(0, len(samples), size):
+                chunk = samples[start:start + size]
+                logp = self.score(collate(chunk, self.pad_id))[0]
+                for b, sample in enumerate(chunk):
+                    sample.trainer_logprobs = logp[b, :len(sample.input_ids)].tolist()
+
+    def score(self, batch: dict, with_entropy: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(logp [B, T], hidden [B, T, H], entropy) of the batch under the model being trained, at
+        each sample's sampling temperature."""
+        with self.autocast():
+            return token_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
+                                  batch["loss_mask"], with_entropy, batch["temperature"])
 
     def _step(self, minibatch: list[Sample]) -> dict[str, float]:
         """One optimizer step on the minibatch, its gradient accumulated over microbatches, each
@@ -195,9 +226,8 @@ class Trainer:
         for chunk, share in zip(chunks, shares):
             weight = share / total
             batch = collate(chunk, self.pad_id)
+            logp, hidden, entropy = self.score(batch, with_entropy=True)
             with self.autocast():
-                logp, hidden, entropy = token_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
-                                                       batch["loss_mask"], with_entropy=True)
                 loss, chunk_stats = self.loss(logp, hidden, batch)
             (loss * weight).backward()
             chunk_stats.update(loss=float(loss.detach()),
@@ -243,7 +273,7 @@ class Trainer:
 
     def reference_logprobs(self, batch: dict) -> torch.Tensor:
         """Log-probabilities under the reference (default: the base model), without gradient."""
-        args = (batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+        args = (batch["input_ids"], batch["attention_mask"], batch["loss_mask"], False, batch["temperature"])
         with torch.no_grad():
             if self.reference is not None:
                 return token_logprobs(self.reference, *args)[0]

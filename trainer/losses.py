@@ -1,8 +1,9 @@
 """Policy-gradient losses over token-level tensors (pure functions).
 
 Shapes: B sequences of T positions; `mask` [B, T] is 1 on completion tokens the loss trains on.
-`logp` are the current policy's log-probabilities of the taken tokens, `old_logp` the behaviour
-log-probabilities recorded when the tokens were sampled (by vLLM or the embedded policy).
+`logp` are the current policy's log-probabilities of the taken tokens, `old_logp` those of the
+policy before the update (pi_old, computed by the trainer), `sampler_logp` those recorded when the
+tokens were sampled (by vLLM or the embedded policy), all at the sampling temperature.
 """
 
 from __future__ import annotations
@@ -27,17 +28,18 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token") 
 
 def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                         mask: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.2,
-                        tis_cap: float | None = None, mode: str = "token"
+                        is_weights: torch.Tensor | None = None, mode: str = "token"
                         ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped surrogate: -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A), r = exp(logp -
-    old_logp). `tis_cap` multiplies by min(r, cap) computed without gradient (truncated importance
-    weights for samples from an older policy).  All inputs [B, T] -> (scalar loss, stats)."""
+    old_logp) against the policy before this update (pi_old, as the trainer computes it), each
+    token weighted by `is_weights` (the truncated importance weights of `tis_weights`; None: 1).
+    All inputs [B, T] -> (scalar loss, stats)."""
     ratio = torch.exp(logp - old_logp)  # [B, T]
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     per_token = -torch.minimum(unclipped, clipped)  # [B, T]
-    if tis_cap is not None:
-        per_token = per_token * torch.clamp(ratio.detach(), max=tis_cap)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach()
     loss = aggregate(per_token, mask, mode)
     m = mask.bool()
     with torch.no_grad():
@@ -45,6 +47,14 @@ def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: 
         stats = {"clip_fraction": float(was_clipped.sum() / m.sum().clamp(min=1)),
                  "ratio_mean": float(ratio[m].mean()) if m.any() else 1.0}
     return loss, stats
+
+
+def tis_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling: min(pi_old / pi_sampler, cap) per token, without gradient.
+    It corrects for the sampler (vLLM in bf16, the embedded policy's batch) not being exactly the
+    trainer's pi_old; 1 where they agree.  [B, T] -> [B, T]."""
+    with torch.no_grad():
+        return torch.clamp(torch.exp(old_logp - sampler_logp), max=cap)
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

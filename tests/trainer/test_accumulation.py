@@ -15,7 +15,7 @@ def samples(vocab: int) -> list[Sample]:
         ids = torch.randint(0, vocab, (n,), generator=g).tolist()
         mask = [0] * (n - completion) + [1] * completion
         out.append(Sample(input_ids=ids, loss_mask=mask,
-                          old_logprobs=[-2.0 * m for m in mask],
+                          sampler_logprobs=[-2.0 * m for m in mask],
                           advantages=[float(torch.randn(1, generator=g)) * m for m in mask]))
     return out
 

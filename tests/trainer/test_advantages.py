@@ -3,7 +3,17 @@
 import pytest
 import torch
 
-from forge_bridge.trainer.advantages import discounted_returns, gae, group_advantages, step_rewards
+from forge_bridge.core.types import Action, Observation, Trajectory, TrajectoryGroup, Transition
+from forge_bridge.trainer.advantages import (
+    anchor_step_advantages,
+    combine,
+    discounted_returns,
+    episode_advantages,
+    gae,
+    step_rewards,
+)
+from forge_bridge.trainer.config import GRPOConfig
+from forge_bridge.trainer.grpo import grpo_advantages
 
 
 def close(a, b):
@@ -19,21 +29,113 @@ def test_outcome_reward_lands_on_the_last_step_and_is_discounted_backwards():
     assert close(discounted_returns(r, 1.0), [1.5, 1.5, 1.0])
 
 
-def test_group_normalisation_per_step():
-    returns = [torch.tensor([0.9, 1.0]), torch.tensor([0.0, 0.0]), torch.tensor([0.0])]
-    adv = group_advantages(returns, scale_by_std=False)
-    # step 0: mean of (0.9, 0, 0) = 0.3 -> 0.6, -0.3, -0.3; step 1: mean of (1, 0) = 0.5 -> 0.5, -0.5
-    assert close(adv[0], [0.6, 0.5]) and close(adv[1], [-0.3, -0.5]) and close(adv[2], [-0.3])
-    scaled = group_advantages(returns, scale_by_std=True)
-    std0 = torch.tensor([0.9, 0.0, 0.0]).std(unbiased=False)
-    assert close(scaled[0][0], 0.6 / std0) and close(scaled[0][1], 1.0)  # step 1: 0.5 / 0.5
+def test_episode_advantages_and_no_signal_without_spread():
+    # returns 1, 1, 0, 0: mean 0.5, std 0.5 -> +-1; without the std: +-0.5
+    assert close(episode_advantages([1, 1, 0, 0]), [1, 1, -1, -1])
+    assert close(episode_advantages([1, 1, 0, 0], scale_by_std=False), [0.5, 0.5, -0.5, -0.5])
+    assert close(episode_advantages([1.0, 1.0, 1.0]), [0, 0, 0])  # all equal: 0, never NaN
+    assert close(episode_advantages([3.0]), [0])  # alone: nothing to compare with
 
 
-def test_identical_rewards_give_zero_advantage_and_no_nan():
-    adv = group_advantages([torch.tensor([1.0, 1.0])] * 4)
-    assert all(torch.equal(a, torch.zeros(2)) for a in adv)
-    (alone,) = group_advantages([torch.tensor([3.0])])
-    assert torch.equal(alone, torch.zeros(1))
+def returns_of(outcomes, lengths, gamma=0.9):
+    return [discounted_returns(step_rewards([0.0] * n, o), gamma) for o, n in zip(outcomes, lengths)]
+
+
+def test_the_same_state_acted_on_differently_separates_the_good_action_from_the_bad():
+    """Four rollouts: all look the value up first (same state S0, same action), reach the same
+    state S1 and there two multiply (success) and two answer at once (failure)."""
+    returns = returns_of([1, 1, 0, 0], [2, 2, 2, 2])  # [0.9, 1] twice, [0, 0] twice
+    states = [["S0", "S1"]] * 4
+    actions = [["lookup", "multiply"], ["lookup", "multiply"], ["lookup", "answer"], ["lookup", "answer"]]
+    adv, sibling = anchor_step_advantages(returns, states, actions)
+    # S0: every rollout took the same action: Q(S0, lookup) = V(S0): step-level advantage 0.
+    assert close([a[0] for a in adv], [0, 0, 0, 0])
+    # S1: returns 1, 1, 0, 0; Q(multiply) = 1, Q(answer) = 0, V = 0.5, std 0.5 -> +1 / -1.
+    assert close([a[1] for a in adv], [1, 1, -1, -1])
+    assert all(bool(s.all()) for s in sibling)
+    adv, _ = anchor_step_advantages(returns, states, actions, scale_by_std=False)
+    assert close([a[1] for a in adv], [0.5, 0.5, -0.5, -0.5])
+    # combined with the episode-level +-1 (omega 1): the signal sits on the second step
+    episode = episode_advantages([1, 1, 0, 0])
+    combined = [combine(episode[i], adv_i, s, 1.0) for i, (adv_i, s) in
+                enumerate(zip(*anchor_step_advantages(returns, states, actions)))]
+    assert close(combined[0], [1, 2]) and close(combined[2], [-1, -2])
+
+
+def test_the_first_call_that_decided_success_gets_more_credit_than_the_routine_ones():
+    """Four rollouts of a 2-step task: the first call picks the right tool (A) or the wrong one
+    (B); the answer after it is the same routine in every rollout. Per step index, the deciding
+    step used to get *less* (gamma * 0.5 = 0.45) than the routine one (0.5)."""
+    returns = returns_of([1, 1, 0, 0], [2, 2, 2, 2])
+    states = [["S0", "after-A"], ["S0", "after-A"], ["S0", "after-B"], ["S0", "after-B"]]
+    actions = [["A", "answer"], ["A", "answer"], ["B", "answer"], ["B", "answer"]]
+    adv, _ = anchor_step_advantages(returns, states, actions)
+    # S0: G0 = 0.9, 0.9, 0, 0; Q(A) = 0.9, Q(B) = 0, V = 0.45, std 0.45 -> +1 / -1.
+    # after-A: both answered alike -> 0; after-B: the same.
+    assert close(adv[0], [1, 0]) and close(adv[2], [-1, 0])
+    episode = episode_advantages([1, 1, 0, 0])
+    total = combine(episode[0], adv[0], torch.ones(2, dtype=torch.bool), 1.0)
+    assert float(total[0]) > float(total[1])  # 2 > 1: the decision, not the routine
+
+
+def test_rollouts_of_unequal_length_are_never_compared_across_different_decisions():
+    # r0 reaches S1 then S2; r1 takes a detour through S3 and only then reaches S1.
+    returns = returns_of([1, 0], [3, 3])  # r0: [0.81, 0.9, 1]; r1: [0, 0, 0]
+    states = [["S0", "S1", "S2"], ["S0", "S3", "S1"]]
+    actions = [["a", "x", "done"], ["b", "c", "y"]]
+    adv, sibling = anchor_step_advantages(returns, states, actions)
+    # index 1 holds S1 and S3: different states, no comparison; S2 and S3 have no sibling.
+    assert sibling[0].tolist() == [True, True, False] and sibling[1].tolist() == [True, False, True]
+    assert float(adv[0][2]) == 0 and float(adv[1][1]) == 0
+    # S1 is compared where each rollout reached it (index 1 vs index 2): returns 0.9 and 0 -> +-1
+    assert float(adv[0][1]) == pytest.approx(1.0, abs=1e-4) and float(adv[1][2]) == pytest.approx(-1.0, abs=1e-4)
+    # S0: 0.81 vs 0 with different actions -> +-1
+    assert float(adv[0][0]) == pytest.approx(1.0, abs=1e-4) and float(adv[1][0]) == pytest.approx(-1.0, abs=1e-4)
+    # a step with no sibling keeps only the episode-level advantage
+    assert close(combine(torch.tensor(0.7), adv[0], sibling[0], 1.0), [1.7, 1.7, 0.7])
+
+
+def test_mismatched_keys_are_a_clear_error():
+    with pytest.raises(ValueError, match="2 returns, 1 states"):
+        anchor_step_advantages([torch.zeros(2)], [["S0"]], [["a", "b"]])
+
+
+def step(prompt, completion, **info):
+    return Transition(observation=Observation(messages=[{"role": "user", "content": "q"}]),
+                      action=Action(content="a"), prompt_token_ids=prompt, completion_token_ids=completion,
+                      completion_logprobs=[-0.5] * len(completion), info=info)
+
+
+def test_grpo_advantages_group_steps_by_prompt_tokens_or_by_the_users_state_key():
+    # Same first prompt and first action; at the second step the same prompt, different actions.
+    good = Trajectory(transitions=[step([1, 2], [7]), step([1, 2, 7, 3], [8])], reward=1.0, group_id="g")
+    bad = Trajectory(transitions=[step([1, 2], [7]), step([1, 2, 7, 3], [9])], reward=0.0, group_id="g")
+    groups = [TrajectoryGroup("g", None, [good, bad])]
+    (adv,) = grpo_advantages(groups, GRPOConfig(gamma=0.9, step_weight=0.5))
+    # episode +-1; step 0: same action -> 0; step 1: returns 1 vs 0, different actions -> +-1 * 0.5
+    assert close(adv[0], [1.0, 1.5]) and close(adv[1], [-1.0, -1.5])
+    (adv,) = grpo_advantages(groups, GRPOConfig(gamma=0.9, credit="trajectory"))
+    assert close(adv[0], [1.0, 1.0]) and close(adv[1], [-1.0, -1.0])
+    # Different prompts (a timestamp in the system prompt, say) with the same user state key: grouped.
+    good = Trajectory(transitions=[step([5], [7], state_key="start")], reward=1.0, group_id="g")
+    bad = Trajectory(transitions=[step([6], [9], state_key="start")], reward=0.0, group_id="g")
+    (adv,) = grpo_advantages([TrajectoryGroup("g", None, [good, bad])], GRPOConfig())
+    assert close(adv[0], [2.0]) and close(adv[1], [-2.0])
+    good.transitions[0].info.clear()
+    bad.transitions[0].info.clear()
+    (adv,) = grpo_advantages([TrajectoryGroup("g", None, [good, bad])], GRPOConfig())
+    assert close(adv[0], [1.0]) and close(adv[1], [-1.0])  # no sibling: the episode term alone
+
+
+def test_step_rewards_reach_the_step_they_were_given_to():
+    # Both succeed, but one called a tool that raised (step reward -0.5 on its first step).
+    clean = Trajectory(transitions=[step([1], [7]), step([1, 7, 2], [8])], reward=1.0, group_id="g")
+    noisy = Trajectory(transitions=[step([1], [6]), step([1, 6, 3], [8])], reward=1.0, group_id="g")
+    noisy.transitions[0].reward = -0.5
+    (adv,) = grpo_advantages([TrajectoryGroup("g", None, [clean, noisy])],
+                             GRPOConfig(gamma=1.0, scale_by_std=False))
+    # episode returns 1 and 0.5 -> +-0.25; step 0 (same state, different actions): G0 = 1 vs 0.5 -> +-0.25
+    assert close(adv[0], [0.5, 0.25]) and close(adv[1], [-0.5, -0.25])
 
 
 def test_gae_matches_a_plain_loop_reference():
@@ -58,16 +160,11 @@ def test_gae_with_lambda_one_is_the_discounted_return_minus_the_value():
     assert close(adv, discounted_returns(rewards, 0.9) - values)
 
 
-def test_per_step_credit_goes_to_the_early_call_that_decided_success():
-    """Four rollouts of a 3-step task: step 0 picks the right or the wrong tool; steps 1-2 are
-    the same routine in every rollout; only the right tool leads to success (reward 1)."""
-    gamma = 0.9
-    rollouts = [step_rewards([0, 0, 0], outcome=o) for o in (1.0, 1.0, 0.0, 0.0)]
-    returns = [discounted_returns(r, gamma) for r in rollouts]
-    adv = group_advantages(returns, scale_by_std=False)
-    # G_0 = 0.81 for a success, 0 for a failure: step 0 gets +-0.405, the step that chose the tool.
-    print("step-0 advantages:", [round(float(a[0]), 3) for a in adv])
-    assert close([a[0] for a in adv], [0.405, 0.405, -0.405, -0.405])
-    assert close([a[2] for a in adv], [0.5, 0.5, -0.5, -0.5])
-    # With gamma, the decisive early step is credited, discounted by its distance to the outcome.
-    assert float(adv[0][0]) == pytest.approx(gamma ** 2 * 0.5)
+def test_gae_bootstraps_by_hand():
+    # rewards [0, 0], values [0.5, 0.6], gamma 0.9, lambda 1, V(s_T) = 0.8 after a truncation:
+    # delta_1 = 0 + 0.9 * 0.8 - 0.6 = 0.12;  delta_0 = 0 + 0.9 * 0.6 - 0.5 = 0.04
+    # A_1 = 0.12;  A_0 = 0.04 + 0.9 * 0.12 = 0.148
+    adv, ret = gae(torch.tensor([0.0, 0.0]), torch.tensor([0.5, 0.6]), 0.9, 1.0, bootstrap=0.8)
+    assert close(adv, [0.148, 0.12]) and close(ret, [0.648, 0.72])
+    adv, _ = gae(torch.tensor([0.0, 0.0]), torch.tensor([0.5, 0.6]), 0.9, 1.0)  # terminated: V = 0
+    assert close(adv, [0.04 - 0.9 * 0.6, -0.6])

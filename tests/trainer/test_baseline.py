@@ -24,14 +24,19 @@ def group(group_id: str, *trajectories: Trajectory) -> TrajectoryGroup:
 
 
 def test_grpo_advantages_by_hand():
-    # gamma 0.5, two steps: the pass has returns [0.5, 1], the fail [0, 0]; per step, mean and std
-    # over the group: step 0 (0.5, 0) -> (+1, -1); step 1 (1, 0) -> (+1, -1)
+    # Two steps, each from the same prompt [1, 2]: one state, reached twice by each rollout. The
+    # pass (token 10) has returns [0.5, 1] at gamma 0.5, the fail (token 11) [0, 0].
     two = [group("g", rollout(1.0, 10, steps=2), rollout(0.0, 11, steps=2))]
-    (adv,) = grpo_advantages(two, GRPOConfig(gamma=0.5))
+    (adv,) = grpo_advantages(two, GRPOConfig(gamma=0.5, credit="trajectory"))  # episode level: +-1
     assert [a.tolist() for a in adv] == [pytest.approx([1.0, 1.0], abs=1e-4), pytest.approx([-1.0, -1.0], abs=1e-4)]
-    # without the std: the return minus the mean, 0.25 and 0.5
+    # anchor: the state's returns 0.5, 1, 0, 0 (mean 0.375, std 0.41458); Q(10) = 0.75, Q(11) = 0
+    # -> (Q - V) / std = +-0.375 / 0.41458 = +-0.90453, added to the episode's +-1
+    (adv,) = grpo_advantages(two, GRPOConfig(gamma=0.5))
+    assert [a.tolist() for a in adv] == [pytest.approx([1.90453] * 2, abs=1e-4),
+                                         pytest.approx([-1.90453] * 2, abs=1e-4)]
+    # without the std: episode 1 - 0.5 = 0.5, step 0.75 - 0.375 = 0.375
     (adv,) = grpo_advantages(two, GRPOConfig(gamma=0.5, scale_by_std=False))
-    assert [a.tolist() for a in adv] == [pytest.approx([0.25, 0.5]), pytest.approx([-0.25, -0.5])]
+    assert [a.tolist() for a in adv] == [pytest.approx([0.875, 0.875]), pytest.approx([-0.875, -0.875])]
 
 
 def test_ppo_advantages_by_hand():
@@ -40,6 +45,14 @@ def test_ppo_advantages_by_hand():
     traj = rollout(1.0, 10, steps=2)
     (adv,), (target,) = ppo_advantages([traj], [torch.tensor([0.5, 0.5])], PPOConfig(gamma=0.9, lam=0.5))
     assert adv.tolist() == pytest.approx([0.175, 0.5]) and target.tolist() == pytest.approx([0.675, 1.0])
+    # V(s_T) = 0.4 is bootstrapped only after a truncated episode: then delta_1 = 0.9 * 0.4 - 0.5
+    # = -0.14 and delta_0 = -0.05 -> A_0 = -0.05 + 0.45 * -0.14 = -0.113; terminated: as above.
+    (adv,), _ = ppo_advantages([traj], [torch.tensor([0.5, 0.5])], PPOConfig(gamma=0.9, lam=0.5), [0.4])
+    assert adv.tolist() == pytest.approx([0.175, 0.5])
+    cut = rollout(0.0, 10, steps=2)
+    cut.end_reason = "truncated"
+    (adv,), (target,) = ppo_advantages([cut], [torch.tensor([0.5, 0.5])], PPOConfig(gamma=0.9, lam=0.5), [0.4])
+    assert adv.tolist() == pytest.approx([-0.113, -0.14]) and target.tolist() == pytest.approx([0.387, 0.36])
 
 
 def advantages(trainer, groups) -> dict[int, float]:
@@ -55,7 +68,8 @@ def tiny_dir(tmp_path_factory):
 @pytest.mark.parametrize("baseline", ["group", "batch"])
 def test_advantages_against_the_group_or_the_whole_batch(tiny_dir, tmp_path, baseline):
     policy = fb.LocalPolicy(tiny_dir)
-    trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(baseline=baseline, out_dir=str(tmp_path), progress=False))
+    trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(baseline=baseline, credit="trajectory",
+                                                   out_dir=str(tmp_path), progress=False))
     groups = [group("all-pass", rollout(1.0, 10, "all-pass"), rollout(1.0, 11, "all-pass")),
               group("mixed", rollout(1.0, 12, "mixed"), rollout(0.0, 13, "mixed")),
               group("other-role", rollout(0.0, 14, "other-role", "critic"), rollout(1.0, 15, "other-role", "critic"))]

@@ -17,7 +17,7 @@ def test_one_sample_per_call_with_completion_mask_logprobs_and_advantages():
     samples, stats = build_samples([traj], [torch.tensor([0.5, -1.0])], max_len=64)
     assert [s.input_ids for s in samples] == [[1, 2, 3, 4, 5], [1, 2, 9, 6]]
     assert samples[0].loss_mask == [0, 0, 0, 1, 1] and samples[1].loss_mask == [0, 0, 0, 1]
-    assert samples[0].old_logprobs == [0, 0, 0, -0.1, -0.2]
+    assert samples[0].sampler_logprobs == [0, 0, 0, -0.1, -0.2]
     assert samples[0].advantages == [0, 0, 0, 0.5, 0.5] and samples[1].advantages == [0, 0, 0, -1.0]
     assert samples[0].value_positions == [2] and samples[0].steps == [(traj.id, 0)]
     assert stats.samples == 2 and stats.trained_tokens == 3 and stats.merged_steps == 0

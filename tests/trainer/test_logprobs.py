@@ -25,3 +25,40 @@ def test_logprobs_and_entropy_at_trained_positions_match_the_full_model():
     trained = mask[:, 1:].bool()
     rows = full[:, :-1][trained]  # [N, V], the distributions the trained tokens were drawn from
     assert torch.allclose(entropy, -(rows.exp() * rows).sum(-1), atol=1e-4)
+
+
+def test_tempered_logprobs_are_log_softmax_of_logits_over_each_rows_temperature():
+    model, _ = models.tiny(seed=3)
+    ids = torch.tensor([[5, 9, 13, 7], [4, 8, 15, 16]])
+    attention = torch.ones_like(ids)
+    mask = torch.tensor([[0, 1, 1, 1], [0, 0, 1, 1]], dtype=torch.float32)
+    temps = torch.tensor([0.7, 1.5])
+    with torch.no_grad():
+        logp, _, _ = token_logprobs(model, ids, attention, mask, temperature=temps)
+        logits = model(input_ids=ids, attention_mask=attention).logits.float()
+    for b in range(2):
+        tempered = torch.log_softmax(logits[b] / temps[b], -1)
+        for p in range(1, 4):
+            if mask[b, p]:
+                assert abs(float(logp[b, p]) - float(tempered[p - 1, ids[b, p]])) < 1e-5
+    untempered = torch.log_softmax(logits[0], -1)[0, 9]
+    assert abs(float(logp[0, 1]) - float(untempered)) > 1e-3  # T = 0.7 really changed them
+
+
+def test_the_sampler_records_the_logprob_of_the_distribution_it_drew_from():
+    from forge_bridge.policies.next_token import sample_next
+
+    logits = torch.tensor([2.0, 1.0, 0.5, -1.0])
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        token, logp = sample_next(logits, 0.7, 1.0, g)
+        assert logp == torch.log_softmax(logits / 0.7, -1)[token].item()
+    # top-p 0.8 at T = 1: probabilities 0.609, 0.224, 0.136, 0.030 keep the first two (0.609 <
+    # 0.8, 0.833 >= 0.8), renormalised: log(0.609 / 0.833) for token 0
+    p = torch.softmax(logits, -1)
+    for _ in range(20):
+        token, logp = sample_next(logits, 1.0, 0.8, g)
+        assert token in (0, 1)
+        assert abs(logp - float(torch.log(p[token] / (p[0] + p[1])))) < 1e-5
+    token, logp = sample_next(logits, 0.0, 1.0, g)  # greedy: the untempered log-probability
+    assert token == 0 and logp == torch.log_softmax(logits, -1)[0].item()

@@ -5,7 +5,11 @@ import math
 import pytest
 import torch
 
-from forge_bridge.trainer.losses import aggregate, clipped_policy_loss, kl_k3, value_loss
+from forge_bridge.trainer.losses import aggregate, clipped_policy_loss, kl_k3, tis_weights, value_loss
+
+
+def close(a, b):
+    return torch.allclose(torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32), atol=1e-5)
 
 
 def test_clip_boundaries_and_the_mask():
@@ -35,12 +39,23 @@ def test_gradient_vanishes_outside_the_clip_range():
     assert logp.grad.item() == 0.0
 
 
-def test_truncated_importance_weights_cap_stale_samples():
-    logp = torch.log(torch.tensor([[4.0]]))
-    capped, _ = clipped_policy_loss(logp, torch.zeros(1, 1), torch.tensor([[-1.0]]), torch.ones(1, 1),
-                                    tis_cap=2.0)
-    # unclipped -4, clipped -1.2 -> -min = 4; times min(4, 2) = 2 -> 8
-    assert capped.item() == pytest.approx(8.0)
+def test_truncated_importance_weights_by_hand():
+    # pi_old / pi_sampler per token: e^0 = 1 (they agree), e^ln 1.5 = 1.5, e^ln 4 = 4 -> capped at 2
+    sampler = torch.log(torch.tensor([[0.2, 0.2, 0.1]]))
+    old = torch.log(torch.tensor([[0.2, 0.3, 0.4]]))
+    assert close(tis_weights(old, sampler, cap=2.0), [[1.0, 1.5, 2.0]])
+    assert close(tis_weights(sampler, sampler, cap=2.0), [[1.0, 1.0, 1.0]])
+
+
+def test_the_ratio_is_against_pi_old_and_the_tis_weight_scales_each_token():
+    # current = old: r = 1, per token -A * w; A = -1 on both, w = (1, 2) -> (1 + 2) / 2 = 1.5
+    logp = torch.log(torch.tensor([[0.5, 0.5]])).requires_grad_()
+    weights = torch.tensor([[1.0, 2.0]])
+    loss, stats = clipped_policy_loss(logp, logp.detach(), torch.tensor([[-1.0, -1.0]]), torch.ones(1, 2),
+                                      is_weights=weights)
+    assert loss.item() == pytest.approx(1.5) and stats["ratio_mean"] == pytest.approx(1.0)
+    loss.backward()  # d/dlogp of -r A w / 2 with r = 1: -A w / 2 = (0.5, 1.0); the weight has no gradient
+    assert close(logp.grad, [[0.5, 1.0]])
 
 
 def test_token_and_sequence_aggregation():
