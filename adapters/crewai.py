@@ -36,6 +36,7 @@ from forge_bridge.core.recording import (  # noqa: E402
     DEFAULT_MAX_TOOL_OUTPUT_CHARS,
     DEFAULT_TOOL_TIMEOUT_S,
     Limits,
+    StepRewards,
     acall_policy,
     bound_output,
     call_policy,
@@ -71,6 +72,8 @@ class ForgeLLM(BaseLLM):
     """Seconds a tool run by this LLM (CrewAI's `available_functions`) may take."""
     max_tool_output_chars: int | None = DEFAULT_MAX_TOOL_OUTPUT_CHARS
     """Longest tool output kept (the rest cut, and counted)."""
+    step_rewards: StepRewards | None = None
+    """Rewards for what single steps did (a failed tool, a malformed or repeated call); None: off."""
 
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _last_role: dict[str, str] = PrivateAttr(default_factory=dict)
@@ -166,6 +169,7 @@ class ForgeLLM(BaseLLM):
                                       self.limits)
             record_tool_result(episode, call.id, call.name, content=text if outcome.ok else None,
                                error=outcome.error, latency_s=outcome.latency_s,
+                               step_rewards=self.step_rewards,
                                **({"content_chars": full} if full is not None else {}))
             results.append((call.name, outcome.value if outcome.ok and full is None else text))
         if len(results) == 1:
@@ -177,7 +181,8 @@ class ForgeLLM(BaseLLM):
              from_agent: Any = None, response_model: Any = None) -> Any:
         msgs, episode, slot, sampling, info = self._prepare(messages, from_task, from_agent)
         out = call_policy(self.policy, episode, msgs, tools or None, source="crewai",
-                          limits=self.limits, slot=slot, sampling=sampling, info=info)
+                          limits=self.limits, slot=slot, sampling=sampling, info=info,
+                          step_rewards=self.step_rewards)
         return self._answer(out, tools, episode, available_functions, response_model)
 
     async def acall(self, messages: Any, tools: list[dict] | None = None,
@@ -186,7 +191,8 @@ class ForgeLLM(BaseLLM):
                     from_agent: Any = None, response_model: Any = None) -> Any:
         msgs, episode, slot, sampling, info = self._prepare(messages, from_task, from_agent)
         out = await acall_policy(self.policy, episode, msgs, tools or None, source="crewai",
-                                 limits=self.limits, slot=slot, sampling=sampling, info=info)
+                                 limits=self.limits, slot=slot, sampling=sampling, info=info,
+                                 step_rewards=self.step_rewards)
         return self._answer(out, tools, episode, available_functions, response_model)
 
 

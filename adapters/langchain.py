@@ -37,6 +37,7 @@ from forge_bridge.core.recording import (
     DEFAULT_MAX_TOOL_OUTPUT_CHARS,
     DEFAULT_TOOL_TIMEOUT_S,
     Limits,
+    StepRewards,
     ToolOutcome,
     acall_policy,
     arun_tool,
@@ -120,6 +121,8 @@ class ForgeChatModel(BaseChatModel):
     """Sampling seed, for reproducible outputs."""
     limits: Limits = Field(default_factory=Limits, exclude=True)
     """Step limit per episode (and the tool limits the middleware applies)."""
+    step_rewards: StepRewards | None = Field(default=None, exclude=True)
+    """Rewards for what single steps did (a failed tool, a malformed or repeated call); None: off."""
 
     def __init__(self, policy: Policy | None = None, **kwargs: Any) -> None:
         if policy is not None:
@@ -151,12 +154,13 @@ class ForgeChatModel(BaseChatModel):
     def _call(self, messages: list[BaseMessage], stop, kwargs) -> PolicyOutput | None:
         return call_policy(self.policy, current_episode(), to_openai_messages(messages),
                            kwargs.get("tools") or None, source="langchain", limits=self.limits,
-                           sampling=self._sampling(stop, kwargs))
+                           sampling=self._sampling(stop, kwargs), step_rewards=self.step_rewards)
 
     async def _acall(self, messages: list[BaseMessage], stop, kwargs) -> PolicyOutput | None:
         return await acall_policy(self.policy, current_episode(), to_openai_messages(messages),
                                   kwargs.get("tools") or None, source="langchain",
-                                  limits=self.limits, sampling=self._sampling(stop, kwargs))
+                                  limits=self.limits, sampling=self._sampling(stop, kwargs),
+                                  step_rewards=self.step_rewards)
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
@@ -198,11 +202,13 @@ class ForgeMiddleware(AgentMiddleware):
                  max_tokens: int | None = None, handle_tool_errors: bool = True,
                  max_model_calls: int | None = DEFAULT_MAX_MODEL_CALLS,
                  tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S,
-                 max_tool_output_chars: int | None = DEFAULT_MAX_TOOL_OUTPUT_CHARS) -> None:
+                 max_tool_output_chars: int | None = DEFAULT_MAX_TOOL_OUTPUT_CHARS,
+                 step_rewards: StepRewards | None = None) -> None:
         """`max_model_calls` (default 25) ends an episode's tool loop after that many calls,
         recorded as truncated; `tool_timeout_s` (default 60) turns a hanging tool into an error
         the model sees; `max_tool_output_chars` (default 16,000) cuts huge tool results before
-        they reach the model. None turns a limit off."""
+        they reach the model. None turns a limit off. `step_rewards` (default off) rewards single
+        steps for what they did, e.g. `StepRewards(tool_error=-0.2, repeated_call=-0.1)`."""
         super().__init__()
         if not isinstance(policy, Policy):
             raise WrongType(f"ForgeMiddleware(policy): expected a forge_bridge Policy "
@@ -213,8 +219,9 @@ class ForgeMiddleware(AgentMiddleware):
             raise InvalidArgument(f"ForgeMiddleware({exc}") from None
         self.policy = policy
         self.handle_tool_errors = handle_tool_errors
+        self.step_rewards = step_rewards
         self.model = ForgeChatModel(policy, temperature=temperature, max_tokens=max_tokens,
-                                    limits=self.limits)
+                                    limits=self.limits, step_rewards=step_rewards)
 
     @property
     def name(self) -> str:
@@ -241,7 +248,8 @@ class ForgeMiddleware(AgentMiddleware):
         result, extra = outcome.value, {}
         if not outcome.ok:
             record_tool_result(episode, call["id"], call["name"], content=None, error=outcome.error,
-                               latency_s=outcome.latency_s, args=call.get("args"))
+                               latency_s=outcome.latency_s, step_rewards=self.step_rewards,
+                               args=call.get("args"))
             if not self.handle_tool_errors:
                 raise outcome.exception
             return ToolMessage(content=f"Error: {outcome.error}", tool_call_id=call["id"],
@@ -257,7 +265,8 @@ class ForgeMiddleware(AgentMiddleware):
         else:  # a Command or another object: keep its shape for the trainer to inspect
             text, error = repr(result)[:2000], None
         record_tool_result(episode, call["id"], call["name"], content=text, error=error,
-                           latency_s=outcome.latency_s, args=call.get("args"), **extra)
+                           latency_s=outcome.latency_s, step_rewards=self.step_rewards,
+                           args=call.get("args"), **extra)
         return result
 
 

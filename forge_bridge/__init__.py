@@ -20,6 +20,7 @@ from forge_bridge.core.errors import (
     SchemaError,
     StoreError,
 )
+from forge_bridge.core.recording import StepRewards
 from forge_bridge.core.store import TrajectoryStore
 from forge_bridge.core.types import Action, Observation, ToolCall, Trajectory, TrajectoryGroup, Transition
 from forge_bridge.envs.base import Environment, StepResult
@@ -64,7 +65,7 @@ __all__ = [
     "Action", "AdapterError", "Environment", "Episode", "ForgeBridgeError", "GRPOConfig",
     "GRPOTrainer", "Gateway", "LocalPolicy", "Observation", "PPOConfig", "PPOTrainer", "Policy",
     "PolicyError", "PolicyOutput", "PolicyResponseError", "PolicyUnavailable", "Recorder",
-    "SchemaError", "StepResult", "StoreError", "ToolCall", "Trajectory", "TrajectoryGroup",
+    "SchemaError", "StepResult", "StepRewards", "StoreError", "ToolCall", "Trajectory", "TrajectoryGroup",
     "TrajectoryStore", "Transition", "VLLMPolicy", "VLLMServer", "__version__", "current_episode",
     "episode", "sampling", "wrap",
 ]

@@ -12,6 +12,8 @@ the same way whoever made the call:
   tool call is malformed marks the episode `policy_fault` (the model's own doing: trained on).
 - `run_tool` / `arun_tool` + `record_tool_result`: a tool under the timeout, its exception kept
   as an error, its output bounded, filed under its tool_call id in the step that asked for it.
+- `StepRewards` (off by default): rewards for what one step did -- a tool that failed, a
+  malformed call, a repeated identical call -- given to that step as it happens.
 
 How an episode ended is the typed `Trajectory.end_reason`; the last step carries Gymnasium's
 `terminated` or `truncated` flag (set when the episode finishes, see `Episode.finish`).
@@ -20,6 +22,7 @@ How an episode ended is the typed `Trajectory.end_reason`; the last step carries
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -57,6 +60,59 @@ class Limits:
             raise InvalidArgument(f"tool_timeout_s: expected a number > 0 or None, got {t!r}")
 
 
+@dataclass(frozen=True)
+class StepRewards:
+    """Rewards a front end gives single steps as they happen, for what the step itself did (all 0:
+    off, the default). Each lands in that step's `Transition.reward` (the trainer's per-step
+    credit reads it there) and is explained in its `info['step_rewards']`."""
+
+    tool_error: float = 0.0
+    """Given to a step whose tool call raised or timed out (where the front end runs tools:
+    the LangChain middleware, CrewAI)."""
+    malformed_call: float = 0.0
+    """Given to a step whose tool call could not be parsed."""
+    repeated_call: float = 0.0
+    """Given to a step that repeats a tool call (same name and arguments) the episode made before."""
+
+    def __post_init__(self) -> None:
+        for name in ("tool_error", "malformed_call", "repeated_call"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
+                    or value in (float("inf"), float("-inf")):
+                raise InvalidArgument(f"StepRewards.{name}: expected a finite number, got {value!r}")
+
+
+def give_step_reward(episode: Episode, step: int, why: str, value: float) -> None:
+    """Add `value` to step `step`'s reward and note why in its info (nothing when 0)."""
+    if value == 0:
+        return
+
+    def change(t: Any) -> None:
+        t.reward += float(value)
+        given = t.info.setdefault("step_rewards", {})
+        given[why] = given.get(why, 0.0) + float(value)
+
+    episode.update(step, change)
+
+
+def _call_key(call: Any) -> tuple[str, str]:
+    try:  # the same arguments written with other spacing or key order are the same call
+        args = json.dumps(json.loads(call.arguments), sort_keys=True)
+    except (TypeError, ValueError):
+        args = call.arguments
+    return call.name, args
+
+
+def _reward_call(episode: Episode, step: int, rewards: StepRewards) -> None:
+    transitions = episode.trajectory.transitions
+    action = transitions[step].action
+    if action.malformed:
+        give_step_reward(episode, step, "malformed_call", rewards.malformed_call)
+    earlier = {_call_key(c) for t in transitions[:step] for c in t.action.tool_calls}
+    if any(_call_key(c) in earlier for c in action.tool_calls):
+        give_step_reward(episode, step, "repeated_call", rewards.repeated_call)
+
+
 # --------------------------------------------------------------------------- model calls
 def over_step_limit(episode: Episode | None, limits: Limits) -> bool:
     """Before a model call: has this episode used up its model calls? Then it is marked
@@ -70,11 +126,14 @@ def over_step_limit(episode: Episode | None, limits: Limits) -> bool:
 
 
 def record_call(episode: Episode | None, out: PolicyOutput, messages: list[dict],
-                tools: list[dict] | None, *, source: str, **info: Any) -> int | None:
+                tools: list[dict] | None, *, source: str, step_rewards: StepRewards | None = None,
+                **info: Any) -> int | None:
     """Record one model call as the next step of `episode`; returns its index (None: no episode)."""
     if episode is None:
         return None
     step = episode.record(out.to_transition(messages, tools, source=source, **info))
+    if step_rewards is not None:
+        _reward_call(episode, step, step_rewards)
     if out.action.malformed:
         # No usable call: the agent stops here, by the model's own doing.
         episode.mark_end("policy_fault", "malformed tool call: " + out.action.parse_errors[0]["error"])
@@ -103,7 +162,8 @@ def _slot(slot: str | None) -> dict:
 
 def call_policy(policy: Policy, episode: Episode | None, messages: list[dict],
                 tools: list[dict] | None, *, source: str, limits: Limits, slot: str | None = None,
-                sampling: dict | None = None, info: dict | None = None) -> PolicyOutput | None:
+                sampling: dict | None = None, info: dict | None = None,
+                step_rewards: StepRewards | None = None) -> PolicyOutput | None:
     """One model call of a front end, recorded; None when a limit (steps, context) ends the loop."""
     if over_step_limit(episode, limits):
         return None
@@ -112,14 +172,15 @@ def call_policy(policy: Policy, episode: Episode | None, messages: list[dict],
     except PolicyError as exc:
         _policy_failed(episode, exc)
         return None
-    record_call(episode, out, messages, tools, source=source, **(info or {}))
+    record_call(episode, out, messages, tools, source=source, step_rewards=step_rewards, **(info or {}))
     return out
 
 
 async def acall_policy(policy: Policy, episode: Episode | None, messages: list[dict],
                        tools: list[dict] | None, *, source: str, limits: Limits,
                        slot: str | None = None, sampling: dict | None = None,
-                       info: dict | None = None) -> PolicyOutput | None:
+                       info: dict | None = None, step_rewards: StepRewards | None = None
+                       ) -> PolicyOutput | None:
     """`call_policy` for async front ends."""
     if over_step_limit(episode, limits):
         return None
@@ -128,7 +189,7 @@ async def acall_policy(policy: Policy, episode: Episode | None, messages: list[d
     except PolicyError as exc:
         _policy_failed(episode, exc)
         return None
-    record_call(episode, out, messages, tools, source=source, **(info or {}))
+    record_call(episode, out, messages, tools, source=source, step_rewards=step_rewards, **(info or {}))
     return out
 
 
@@ -185,17 +246,21 @@ def bound_output(text: str, limits: Limits) -> tuple[str, int | None]:
 
 
 def record_tool_result(episode: Episode | None, call_id: str, name: str, *, content: str | None,
-                       error: str | None, latency_s: float | None = None, **extra: Any) -> None:
-    """File a tool's outcome under its call id in the step that asked for it."""
+                       error: str | None, latency_s: float | None = None,
+                       step_rewards: StepRewards | None = None, **extra: Any) -> None:
+    """File a tool's outcome under its call id in the step that asked for it (and that step's
+    `tool_error` reward, when the tool failed)."""
     if episode is None or episode.finished:
         return
     record = {"name": name, **extra, "content": content, "status": "success" if error is None else "error",
               "error": error}
     if latency_s is not None:
         record["latency_s"] = round(latency_s, 4)
-    episode.add_tool_result(call_id, record)
+    step = episode.add_tool_result(call_id, record)
+    if error is not None and step is not None and step_rewards is not None:
+        give_step_reward(episode, step, "tool_error", step_rewards.tool_error)
 
 
 __all__ = ["DEFAULT_MAX_MODEL_CALLS", "DEFAULT_MAX_TOOL_OUTPUT_CHARS", "DEFAULT_TOOL_TIMEOUT_S",
-           "Limits", "ToolOutcome", "acall_policy", "arun_tool", "bound_output", "call_policy",
+           "Limits", "StepRewards", "ToolOutcome", "give_step_reward", "acall_policy", "arun_tool", "bound_output", "call_policy",
            "over_step_limit", "record_call", "record_outage", "record_tool_result", "run_tool"]

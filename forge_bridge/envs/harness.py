@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from forge_bridge.core.episode import Episode, Recorder, current_episode
 from forge_bridge.core.errors import InvalidState, WrongType
-from forge_bridge.core.recording import DEFAULT_MAX_MODEL_CALLS, Limits, call_policy
+from forge_bridge.core.recording import DEFAULT_MAX_MODEL_CALLS, Limits, StepRewards, call_policy
 from forge_bridge.core.types import Action, Observation, Trajectory
 from forge_bridge.envs.base import Environment
 from forge_bridge.policies.base import DEFAULT_SLOT, Policy
@@ -53,14 +53,18 @@ class HarnessAgent:
 
     def __init__(self, policy: Policy, env: Environment | Callable[[], Environment], *,
                  system: str | None = None, max_model_calls: int | None = DEFAULT_MAX_MODEL_CALLS,
-                 slot: str = DEFAULT_SLOT, **sampling: Any) -> None:
+                 slot: str = DEFAULT_SLOT, step_rewards: StepRewards | None = None,
+                 **sampling: Any) -> None:
         """`max_model_calls` (default 25; None: no limit) cuts an episode that goes on longer,
-        recorded as truncated; tool timeouts are the environment's (`ToolEnvironment`)."""
+        recorded as truncated; tool timeouts are the environment's (`ToolEnvironment`), and so are
+        step rewards for what a tool did (`StepResult.reward`); `step_rewards` adds those for
+        malformed and repeated calls (default off)."""
         if not isinstance(policy, Policy):
             raise WrongType(f"policy: expected a forge_bridge Policy, got {type(policy).__name__}")
         if not isinstance(env, Environment) and not callable(env):
             raise WrongType(f"env: expected an Environment or a function that makes one, got {type(env).__name__}")
         self.limits = Limits(max_model_calls=max_model_calls)
+        self.step_rewards = step_rewards
         self.policy, self.env, self.system = policy, env, system
         self.slot, self.sampling = slot, sampling
         self._shared_lock = threading.Lock()  # one episode at a time on a shared environment
@@ -98,7 +102,7 @@ class HarnessAgent:
         messages, tools = self._next_prompt(messages, first, env)
         while True:
             out = call_policy(self.policy, ep, messages, tools, source="harness", limits=self.limits,
-                              slot=self.slot, sampling=self.sampling)
+                              slot=self.slot, sampling=self.sampling, step_rewards=self.step_rewards)
             if out is None:  # the step limit: recorded as truncated
                 return 0.0
             if out.action.malformed:  # recorded as the policy's fault; the loop stops, as an agent's does

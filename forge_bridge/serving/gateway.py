@@ -37,7 +37,7 @@ from forge_bridge.core.errors import (
     PolicyError,
     SchemaError,
 )
-from forge_bridge.core.recording import DEFAULT_MAX_MODEL_CALLS, Limits, acall_policy
+from forge_bridge.core.recording import DEFAULT_MAX_MODEL_CALLS, Limits, StepRewards, acall_policy
 from forge_bridge.core.types import END_REASONS, Action
 from forge_bridge.policies.base import DEFAULT_SLOT, Policy, PolicyOutput
 
@@ -87,11 +87,14 @@ class Gateway:
 
     def __init__(self, policy: Policy, recorder: Recorder | None = None, *, host: str = "127.0.0.1",
                  port: int = 0, token: str | None = None, model_name: str = "forge",
-                 max_model_calls: int | None = DEFAULT_MAX_MODEL_CALLS, max_body_bytes: int = MAX_BODY) -> None:
+                 max_model_calls: int | None = DEFAULT_MAX_MODEL_CALLS, max_body_bytes: int = MAX_BODY,
+                 step_rewards: StepRewards | None = None) -> None:
         """`max_model_calls` (default 25; None: no limit): model calls one episode may make;
         past it the agent gets an empty final answer and the episode is marked truncated.
-        `max_body_bytes`: larger requests are refused with 413."""
+        `max_body_bytes`: larger requests are refused with 413. `step_rewards` (default off):
+        rewards for malformed and repeated calls (the agent runs its tools out of our sight)."""
         self.limits = Limits(max_model_calls=max_model_calls)
+        self.step_rewards = step_rewards
         self.policy = policy
         self.recorder = recorder or Recorder()
         self.token = token
@@ -234,7 +237,8 @@ class Gateway:
         slot = body.get("model") if body.get("model") in self.policy.slots else DEFAULT_SLOT
         try:
             out = await acall_policy(self.policy, ep, messages, tools, source="gateway",
-                                     limits=self.limits, slot=slot, sampling=sampling)
+                                     limits=self.limits, slot=slot, sampling=sampling,
+                                     step_rewards=self.step_rewards)
         except (PolicyError, ValueError, TypeError) as exc:  # an outage, or the agent's bad request
             ep.fail(f"{type(exc).__name__}: {exc}", "outage" if isinstance(exc, PolicyError) else "crashed",
                     messages=len(messages or []))

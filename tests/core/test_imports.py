@@ -43,7 +43,7 @@ PUBLIC_API = [
     "Action", "AdapterError", "Environment", "Episode", "ForgeBridgeError", "GRPOConfig",
     "GRPOTrainer", "Gateway", "LocalPolicy", "Observation", "PPOConfig", "PPOTrainer", "Policy",
     "PolicyError", "PolicyOutput", "PolicyResponseError", "PolicyUnavailable", "Recorder",
-    "SchemaError", "StepResult", "StoreError", "ToolCall", "Trajectory", "TrajectoryGroup",
+    "SchemaError", "StepResult", "StepRewards", "StoreError", "ToolCall", "Trajectory", "TrajectoryGroup",
     "TrajectoryStore", "Transition", "VLLMPolicy", "VLLMServer", "__version__", "current_episode",
     "episode", "sampling", "wrap",
 ]
@@ -58,7 +58,7 @@ SUBPACKAGE_APIS = {
         "RunExistsError", "SchemaError", "StoreError", "Unsupported", "WrongType"],
     "forge_bridge.core.recording": [
         "DEFAULT_MAX_MODEL_CALLS", "DEFAULT_MAX_TOOL_OUTPUT_CHARS", "DEFAULT_TOOL_TIMEOUT_S", "Limits",
-        "ToolOutcome", "acall_policy", "arun_tool", "bound_output", "call_policy", "over_step_limit",
+        "StepRewards", "ToolOutcome", "acall_policy", "give_step_reward", "arun_tool", "bound_output", "call_policy", "over_step_limit",
         "record_call", "record_outage", "record_tool_result", "run_tool"],
     "forge_bridge.trainer.config": ["GRPOConfig", "PPOConfig", "SFTConfig", "TrainerConfig"],
 }

@@ -37,7 +37,7 @@ def malformed(messages, tools) -> str:
 
 
 # --------------------------------------------------------------------------- the four front ends
-def run_langchain(policy, recorder, limit):
+def run_langchain(policy, recorder, limit, rewards=None):
     from langchain.agents import create_agent
     from langchain_core.language_models.fake_chat_models import FakeListChatModel
     from langchain_core.tools import tool
@@ -50,24 +50,25 @@ def run_langchain(policy, recorder, limit):
         return a + b
 
     agent = create_agent(FakeListChatModel(responses=["unused"]), [add],
-                         middleware=[ForgeMiddleware(policy, max_model_calls=limit)])
+                         middleware=[ForgeMiddleware(policy, max_model_calls=limit, step_rewards=rewards)])
     with fb.episode("t", recorder=recorder) as ep:
         agent.invoke({"messages": [{"role": "user", "content": QUESTION}]})
         ep.reward(0.0)
     return recorder.store.get(ep.id)
 
 
-def run_crewai(policy, recorder, limit):
+def run_crewai(policy, recorder, limit, rewards=None):
     from forge_bridge.adapters.crewai import ForgeLLM
 
     with fb.episode("t", recorder=recorder) as ep:
-        crew_demos.calculator_crew(ForgeLLM(policy, max_model_calls=limit), max_iter=limit + 5).kickoff()
+        crew_demos.calculator_crew(ForgeLLM(policy, max_model_calls=limit, step_rewards=rewards),
+                                  max_iter=limit + 5).kickoff()
         ep.reward(0.0)
     (role,) = ep.children.values()
     return recorder.store.get(role.id)
 
 
-def run_harness(policy, recorder, limit):
+def run_harness(policy, recorder, limit, rewards=None):
     from forge_bridge.envs.harness import HarnessAgent
     from forge_bridge.envs.tool import ToolEnvironment, ToolTask
 
@@ -76,13 +77,13 @@ def run_harness(policy, recorder, limit):
             return {"add": (testing.ADD_TOOL, lambda a, b: a + b)}
 
     task = ToolTask("t", QUESTION, check=lambda answer, env: 0.0)
-    return HarnessAgent(policy, AddEnv, max_model_calls=limit).run(task, recorder=recorder)
+    return HarnessAgent(policy, AddEnv, max_model_calls=limit, step_rewards=rewards).run(task, recorder=recorder)
 
 
-def run_gateway(policy, recorder, limit):
+def run_gateway(policy, recorder, limit, rewards=None):
     from forge_bridge.serving.gateway import Gateway
 
-    with Gateway(policy, recorder, max_model_calls=limit) as gw, httpx.Client(timeout=60) as client:
+    with Gateway(policy, recorder, max_model_calls=limit, step_rewards=rewards) as gw, httpx.Client(timeout=60) as client:
         url = gw.episode_url("ep-1")
         messages = [{"role": "user", "content": QUESTION}]
         for _ in range(limit + 2):  # a plain OpenAI-style tool loop, as an agent process runs it
@@ -163,6 +164,49 @@ def test_a_tool_loop_is_cut_at_the_step_limit_and_ends_truncated(front_end, toke
     rows = [r for r in table if r["trajectory_id"] == traj.id]
     assert [(r["terminated"], r["truncated"]) for r in rows] == [(False, False)] * 2 + [(False, True)]
     assert {r["end_reason"] for r in rows} == {"truncated"}
+
+
+@pytest.mark.parametrize("front_end", sorted(FRONT_ENDS))
+def test_step_rewards_land_on_the_step_that_repeated_a_call_in_every_front_end(front_end, tokenizer, tmp_path):
+    def recorder():  # one store per run: the gateway's episode id is fixed
+        return fb.Recorder(TrajectoryStore(tmp_path / f"{len(list(tmp_path.iterdir()))}.db"), run_id="r")
+
+    rewards = fb.StepRewards(repeated_call=-0.1, malformed_call=-1.0)
+    traj = FRONT_ENDS[front_end](ScriptedPolicy(loops, tokenizer), recorder(), 3, rewards)
+    assert [t.reward for t in traj] == pytest.approx([0.0, -0.1, -0.1])  # add(2, 3) again and again
+    assert [t.info.get("step_rewards") for t in traj] == [None, {"repeated_call": -0.1}, {"repeated_call": -0.1}]
+    off = FRONT_ENDS[front_end](ScriptedPolicy(loops, tokenizer), recorder(), 3)
+    assert [t.reward for t in off] == [0.0] * 3  # off by default
+    bad = FRONT_ENDS[front_end](ScriptedPolicy(malformed, tokenizer), recorder(), 3, rewards)
+    assert [t.reward for t in bad] == [-1.0] and bad.end_reason == "policy_fault"
+
+
+def test_a_tool_that_raised_costs_its_step_the_tool_error_reward(tokenizer, recorder):
+    from forge_bridge.adapters.crewai import ForgeLLM
+
+    def bad_args(messages, tools):  # calls add with a string, which the tool rejects, then answers
+        if any(m["role"] == "tool" for m in messages):
+            return "I could not add them."
+        return '<tool_call>\n{"name": "add", "arguments": {"a": "two", "b": 3}}\n</tool_call>'
+
+    rewards = fb.StepRewards(tool_error=-0.5)
+    traj = run_langchain(ScriptedPolicy(bad_args, tokenizer), recorder, 5, rewards)
+    (call,) = traj.transitions[0].action.tool_calls
+    assert traj.transitions[0].info["tool_results"][call.id]["status"] == "error"
+    assert [t.reward for t in traj] == [-0.5, 0.0]
+    assert traj.transitions[0].info["step_rewards"] == {"tool_error": -0.5}
+    # CrewAI: where ForgeLLM runs the tool itself (`available_functions`)
+    llm = ForgeLLM(ScriptedPolicy(bad_args, tokenizer), step_rewards=rewards)
+    with fb.episode("t", recorder=recorder) as ep:
+        llm.call([{"role": "user", "content": QUESTION}], tools=[testing.ADD_TOOL],
+                 available_functions={"add": lambda a, b: a + b})
+    (step,) = recorder.store.get(ep.id).transitions
+    assert step.reward == -0.5 and step.info["step_rewards"] == {"tool_error": -0.5}
+
+
+def test_step_rewards_are_validated():
+    with pytest.raises(ValueError, match="StepRewards.tool_error: expected a finite number"):
+        fb.StepRewards(tool_error=float("nan"))
 
 
 def test_limits_are_on_by_default_in_every_front_end_and_may_be_turned_off(tokenizer):
