@@ -273,7 +273,7 @@ class Trainer:
 
     def reference_logprobs(self, batch: dict) -> torch.Tensor:
         """Log-probabilities under the reference (default: the base model), without gradient."""
-        args = (batch["input_ids"], batch["attention_mask"], batch["loss_mask"], False, batch["temperature"])
+        args = (batch["input_ids"], batch["attention_mask"], batch["loss_mask"], False, batch.get("temperature"))
         with torch.no_grad():
             if self.reference is not None:
                 return token_logprobs(self.reference, *args)[0]

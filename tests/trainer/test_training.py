@@ -28,7 +28,9 @@ def test_rl_improves_the_success_rate_and_moves_only_the_lora(algo, choice_model
     agent = training_task.agent_for(policy)  # built once; every new adapter serves it in place
     rollout = training_task.make_rollout(agent)
     before = success_rate(rollout)
-    common = dict(group_size=8, lr=3e-3 if algo == "grpo" else 2e-3, epochs=2, lora_rank=8,
+    # GRPO's lr was chosen over seeds 0-2 (after-training success 0.72 / 0.83 / 0.76); at 3e-3,
+    # with anchor credit's larger advantage on the deciding step, seed 0 fell to 0.42.
+    common = dict(group_size=8, lr=1e-3 if algo == "grpo" else 2e-3, epochs=2, lora_rank=8,
                   lora_alpha=16, out_dir=str(tmp_path / "run"), run_name=algo, progress=False,
                   seed=0, concurrency=1)
     trainer = (fb.GRPOTrainer(policy, fb.GRPOConfig(**common)) if algo == "grpo"
