@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from forge_bridge.app.tasks import KINDS_ORDER, Task, check_answer, expert_reply, make_splits
+from forge_bridge.app.tasks import ALL_KINDS, KINDS_ORDER, Task, check_answer, expert_reply, make_splits
 from forge_bridge.core.errors import InvalidArgument
 
 _MAY_BE_ZERO = ("seed", "rl_iterations", "rl_warmup_steps")
@@ -107,8 +107,9 @@ class DemoConfig:
             raise InvalidArgument(f"DemoConfig.gamma: expected a number in [0, 1], got {self.gamma!r}")
 
 
-def build_agent(policy: Any, temperature: float, max_tokens: int) -> Any:
-    """The user's ordinary LangChain agent, plus the one forge-bridge line."""
+def build_agent(policy: Any, temperature: float, max_tokens: int, with_add: bool = False) -> Any:
+    """The user's ordinary LangChain agent, plus the one forge-bridge line (`with_add`: an `add`
+    tool too, for the suite's `lookup_add` kind)."""
     from langchain.agents import create_agent
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
@@ -122,6 +123,11 @@ def build_agent(policy: Any, temperature: float, max_tokens: int) -> Any:
         return a * b
 
     @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    @tool
     def lookup(city: str) -> str:
         """Population of a city."""
         value = CITIES.get(city.strip())
@@ -129,7 +135,7 @@ def build_agent(policy: Any, temperature: float, max_tokens: int) -> Any:
 
     # The model the agent was written for; the middleware replaces it on every call.
     model = ChatOpenAI(model="gpt-4o-mini", api_key="unused", base_url="http://127.0.0.1:9/v1")
-    return create_agent(model, [multiply, lookup],
+    return create_agent(model, [add, multiply, lookup] if with_add else [multiply, lookup],
                         middleware=[ForgeMiddleware(policy, temperature=temperature, max_tokens=max_tokens)])
 
 
@@ -180,7 +186,7 @@ def run_tasks(agent: Any, tasks: list[Task], recorder: Any, *, greedy: bool, con
 
 def rates(tasks: list[Task], passed: list[bool]) -> dict[str, float]:
     out = {"all": sum(passed) / max(len(passed), 1)}
-    for kind in KINDS_ORDER:
+    for kind in ALL_KINDS:
         picked = [p for t, p in zip(tasks, passed) if t.kind == kind]
         if picked:
             out[kind] = sum(picked) / len(picked)

@@ -40,3 +40,17 @@ def test_the_scripted_expert_solves_every_task_through_the_agent(tmp_path):
     two_step = [t for t in recorder.store.trajectories() if t.metadata["kind"] == "lookup_multiply"]
     assert all([len(t) for t in two_step]) and all(len(t) == 3 for t in two_step)
     assert [c.name for s in two_step[0] for c in s.action.tool_calls] == ["lookup", "multiply"]
+
+
+def test_the_three_call_kind_is_solved_by_two_lookups_and_an_add(tmp_path):
+    from forge_bridge.app.tasks import ALL_KINDS
+
+    agent = build_agent(ScriptedPolicy(expert_reply, models.tiny_tokenizer()), 0.0, 64, with_add=True)
+    train, held_out = make_splits(train_per_kind=2, eval_per_kind=2, kinds=ALL_KINDS)
+    assert (train[:6], held_out[:6]) == make_splits(train_per_kind=2, eval_per_kind=2)  # the demo's suite unchanged
+    tasks = [t for t in held_out if t.kind == "lookup_add"]
+    recorder = fb.Recorder(TrajectoryStore(tmp_path / "t.db"), run_id="expert")
+    assert run_tasks(agent, tasks, recorder, greedy=True, concurrency=2, desc="x", progress=False,
+                     max_model_calls=6) == [True, True]
+    for traj in recorder.store.trajectories():
+        assert [c.name for s in traj for c in s.action.tool_calls] == ["lookup", "lookup", "add"]

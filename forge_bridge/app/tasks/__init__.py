@@ -1,14 +1,16 @@
 """Tool-use tasks whose answers can be checked exactly: the demo's training and held-out sets."""
 
 from forge_bridge.app.tasks.toolbench import (
-                                          CITIES,
-                                          KINDS_ORDER,
-                                          Task,
-                                          check_answer,
-                                          expert_reply,
-                                          make_splits,
-                                          tool_schemas,
+    ALL_KINDS,
+    CITIES,
+    KINDS_ORDER,
+    MULTI_STEP_KINDS,
+    Task,
+    check_answer,
+    expert_reply,
+    make_splits,
+    tool_schemas,
 )
 
-__all__ = ["CITIES", "KINDS_ORDER", "Task", "check_answer", "expert_reply", "make_splits",
-           "tool_schemas"]
+__all__ = ["ALL_KINDS", "CITIES", "KINDS_ORDER", "MULTI_STEP_KINDS", "Task", "check_answer", "expert_reply",
+           "make_splits", "tool_schemas"]

@@ -4,6 +4,8 @@
 - `lookup`: "What is the population of Varenna?" -- one call to a lookup over a local table;
 - `lookup_multiply`: "What is 3 times the population of Varenna?" -- look the value up, then
   compute with it: two tool calls in sequence, where per-step credit matters.
+- `lookup_add` (not in the demo's default suite; `bench/credit.py` uses it): "What is the
+  combined population of Varenna and Kelmor?" -- two lookups, then `add`: three tool calls.
 
 The cities are made up, so the answers cannot be recalled, only looked up. Splits are drawn
 from a fixed seed: the held-out tasks use numbers and cities the training tasks do not.
@@ -23,7 +25,12 @@ CITIES = {
     "Lindmoor": 19865, "Northam": 52731, "Oakridge": 84310, "Pellham": 41127,
 }
 KINDS = ("multiply", "lookup", "lookup_multiply")
+"""The demo's kinds."""
 KINDS_ORDER = KINDS
+ALL_KINDS = KINDS + ("lookup_add",)
+"""Every kind the suite can make."""
+MULTI_STEP_KINDS = ("lookup_multiply", "lookup_add")
+"""The kinds that need more than one tool call in sequence."""
 
 
 @dataclass(frozen=True)
@@ -40,9 +47,12 @@ class Task:
     """The exact number a correct final answer contains."""
 
 
-def tool_schemas() -> list[dict]:
+def tool_schemas(with_add: bool = False) -> list[dict]:
     """The tools' OpenAI schemas (what the agent's `@tool` functions produce)."""
-    return [
+    add = [{"type": "function", "function": {"name": "add", "description": "Add two integers.",
+                                             "parameters": {"properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                                                            "required": ["a", "b"], "type": "object"}}}]
+    return (add if with_add else []) + [
         {"type": "function", "function": {"name": "multiply", "description": "Multiply two integers.",
                                           "parameters": {"properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                                                          "required": ["a", "b"], "type": "object"}}},
@@ -61,21 +71,29 @@ def _tasks(kind: str, rng: random.Random, cities: list[str], n: int, start: int)
         elif kind == "lookup":
             city = cities[i % len(cities)]
             out.append(Task(f"lookup-{start + i}", kind, f"What is the population of {city}?", CITIES[city]))
-        else:
+        elif kind == "lookup_multiply":
             city, k = cities[(i * 3 + 1) % len(cities)], rng.randint(2, 9)
             out.append(Task(f"lookup_multiply-{start + i}", kind,
                             f"What is {k} times the population of {city}?", k * CITIES[city]))
+        elif kind == "lookup_add":
+            first, second = rng.sample(cities, 2)
+            out.append(Task(f"lookup_add-{start + i}", kind,
+                            f"What is the combined population of {first} and {second}?",
+                            CITIES[first] + CITIES[second]))
+        else:
+            raise ValueError(f"unknown task kind {kind!r}; expected one of {ALL_KINDS}")
     return out
 
 
-def make_splits(train_per_kind: int = 24, eval_per_kind: int = 10, seed: int = 0) -> tuple[list[Task], list[Task]]:
+def make_splits(train_per_kind: int = 24, eval_per_kind: int = 10, seed: int = 0,
+                kinds: tuple[str, ...] = KINDS) -> tuple[list[Task], list[Task]]:
     """(train, held-out) task lists; held-out cities never appear in training questions."""
     rng = random.Random(seed)
     names = sorted(CITIES)
     rng.shuffle(names)
     train_cities, eval_cities = names[:14], names[14:]
     train, held_out = [], []
-    for kind in KINDS:
+    for kind in kinds:
         train += _tasks(kind, rng, train_cities, train_per_kind, 0)
         held_out += _tasks(kind, rng, eval_cities, eval_per_kind, 1000)
     return train, held_out
@@ -111,5 +129,12 @@ def expert_reply(messages: list[dict], tools: list[dict] | None) -> str:
             return _call("lookup", f'{{"city": "{m.group(2)}"}}')
         if len(results) == 1:
             return _call("multiply", f'{{"a": {results[0]}, "b": {m.group(1)}}}')
+        return f"The answer is {results[-1]}."
+    m = re.match(r"What is the combined population of (.+) and (.+)\?", question)
+    if m:
+        if len(results) < 2:
+            return _call("lookup", f'{{"city": "{m.group(len(results) + 1)}"}}')
+        if len(results) == 2:
+            return _call("add", f'{{"a": {results[0]}, "b": {results[1]}}}')
         return f"The answer is {results[-1]}."
     return "I cannot answer that."
