@@ -97,7 +97,8 @@ def run_seed(seed: int, args) -> dict:
               concurrency=args.concurrency, desc="demonstrations", progress=not args.quiet,
               max_model_calls=args.max_model_calls)
     demos = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
-    warm = fb.GRPOTrainer(policy, arm_config("trajectory", args, out / "sft", seed), recorder=fb.Recorder(store))
+    warm = fb.GRPOTrainer(policy, fb.GRPOConfig(run_name="sft", out_dir=str(out / "sft"), seed=seed,
+                                                 progress=not args.quiet), recorder=fb.Recorder(store))
     sft = supervised_finetune(warm, demos, SFTConfig(epochs=args.sft_epochs, lr=args.sft_lr, batch_size=8))
     sft_path = save_adapter(warm.model, out / "sft-adapter")
     warm.close()
@@ -188,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/bench-credit")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
+    if Path(args.out).exists() and any(Path(args.out).iterdir()):
+        p.error(f"--out {args.out} holds an earlier run: move it away or name another folder")
     results = []
     for seed in args.seeds:
         results.append(run_seed(seed, args))

@@ -155,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/bench-fc")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
+    if Path(args.out).exists() and any(Path(args.out).iterdir()):
+        p.error(f"--out {args.out} holds an earlier run: move it away or name another folder")
     results = []
     for seed in args.seeds:
         results.append(run_seed(seed, args))

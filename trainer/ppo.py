@@ -3,8 +3,9 @@
     values    V(s_t) read by a linear head at the last prompt token of step t (the same network
               that acts: a second critic model would not fit a small CPU budget)
     advantage A_t = GAE(gamma, lambda) over the steps of each trajectory, bootstrapping V(s_T)
-              after a truncated episode (read at the end of its last step's sequence: the
-              state the cut-off agent was in) and 0 after a terminated one
+              after a truncated episode and 0 after a terminated one. The state after a cut is
+              never prompted, so V(s_T) is estimated by V(s_{T-1}), the value of the last state
+              the agent acted from (a state the head is trained on)
     loss      clipped surrogate on each completion token + value_coef * 0.5 (V - (A + V))^2
 """
 
@@ -66,14 +67,12 @@ class PPOTrainer(Trainer):
         return super()._param_groups() + [{"params": list(self.extra_modules["value_head"].parameters()),
                                            "lr": self.config.value_lr}]
 
-    def _step_values(self, trajs) -> dict[tuple[str, int | str], float]:
-        """V(s_t) of every step, keyed (trajectory id, t), and V(s_T) after the last step of each
-        truncated trajectory, keyed (trajectory id, 'end')."""
+    def _step_values(self, trajs) -> dict[tuple[str, int], float]:
+        """V(s_t) of every step, keyed (trajectory id, t)."""
         zeros = [torch.zeros(len(t.transitions)) for t in trajs]
         samples, _ = build_samples(trajs, zeros, self.config.max_seq_len, merge=False)
-        ends = {(t.id, len(t.transitions) - 1) for t in trajs if was_truncated(t)}
         head = self.extra_modules["value_head"]
-        values: dict[tuple[str, int | str], float] = {}
+        values: dict[tuple[str, int], float] = {}
         with torch.no_grad():
             size = self.config.microbatch_size or self.config.minibatch_size
             for start in range(0, len(samples), size):
@@ -84,8 +83,6 @@ class PPOTrainer(Trainer):
                 for b, sample in enumerate(chunk):
                     for k, step in enumerate(sample.steps):
                         values[step] = float(v[b, k])
-                    if sample.steps[-1] in ends:  # the state after the last action, at its last token
-                        values[(sample.steps[-1][0], "end")] = float(head(hidden[b, len(sample.input_ids) - 1].float()))
         return values
 
     def prepare(self, groups):
@@ -93,11 +90,10 @@ class PPOTrainer(Trainer):
         values = self._step_values(trajs)
         per_step = [torch.tensor([values.get((t.id, i), 0.0) for i in range(len(t.transitions))]) for t in trajs]
         advs, rets = ppo_advantages(trajs, per_step, self.config,
-                                    [values.get((t.id, "end"), 0.0) for t in trajs])
+                                    [float(v[-1]) if len(v) else 0.0 for v in per_step])  # V(s_T) ~ V(s_{T-1})
         samples, stats = build_samples(trajs, advs, self.config.max_seq_len, self.config.merge_steps,
                                        step_returns=rets)
-        step_values = [v for k, v in values.items() if k[1] != "end"]
-        return samples, stats, {"value_mean": sum(step_values) / max(len(step_values), 1)}
+        return samples, stats, {"value_mean": sum(values.values()) / max(len(values), 1)}
 
     def loss(self, logp, hidden, batch):
         loss, stats = self.policy_loss(logp, batch)

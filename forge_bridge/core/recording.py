@@ -67,8 +67,8 @@ class StepRewards:
     credit reads it there) and is explained in its `info['step_rewards']`."""
 
     tool_error: float = 0.0
-    """Given to a step whose tool call raised or timed out (where the front end runs tools:
-    the LangChain middleware, CrewAI)."""
+    """Given to a step for each of its tool calls that raised or timed out (where the front end
+    runs tools: the LangChain middleware, CrewAI)."""
     malformed_call: float = 0.0
     """Given to a step whose tool call could not be parsed."""
     repeated_call: float = 0.0

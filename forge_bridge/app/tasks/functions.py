@@ -114,7 +114,7 @@ _POOLS = [("string", n) for n in STRINGS] + [("integer", n) for n in INTEGERS] +
 
 def generate_suite(n_functions: int = 300, requests_per_function: int = 2, seed: int = 0) -> list[FunctionTask]:
     """`n_functions` distinct functions (verb_noun names), each with 2-5 parameters of mixed kinds
-    (one to three of them optional), and `requests_per_function` requests each."""
+    (at least one required, at least one optional), and `requests_per_function` requests each."""
     names = [f"{v}_{n}" for v in VERBS for n in NOUNS]
     if not 1 <= n_functions <= len(names):
         raise ValueError(f"n_functions: expected 1..{len(names)}, got {n_functions}")
