@@ -80,7 +80,7 @@ class GRPOTrainer(Trainer):
         advantages = grpo_advantages(groups, self.config)
         if self.config.skip_uniform_groups and self.config.baseline == "group":
             # a group whose every advantage is 0 says nothing against its own rollouts
-            signal = [any(float(a.abs().max(initial=0.0)) > 1e-6 for a in advs) for advs in advantages]
+            signal = [any(a.numel() > 0 and float(a.abs().max()) > 1e-6 for a in advs) for advs in advantages]
             kept = [g for g, s in zip(groups, signal) if s]
             advantages = [a for a, s in zip(advantages, signal) if s]
         else:
