@@ -26,6 +26,8 @@ from typing import Hashable, Sequence
 
 import torch
 
+from forge_bridge.core.errors import InvalidArgument
+
 
 def step_rewards(rewards: Sequence[float], outcome: float | None) -> torch.Tensor:
     """[S] step rewards with the outcome reward added to the last step."""
@@ -79,7 +81,7 @@ def anchor_step_advantages(returns: Sequence[torch.Tensor], states: Sequence[Seq
     members: dict[Hashable, list[tuple[int, int]]] = {}
     for i, keys in enumerate(states):
         if len(keys) != len(returns[i]) or len(actions[i]) != len(returns[i]):
-            raise ValueError(f"rollout {i}: {len(returns[i])} returns, {len(keys)} states, "
+            raise InvalidArgument(f"rollout {i}: {len(returns[i])} returns, {len(keys)} states, "
                              f"{len(actions[i])} actions")
         for t, key in enumerate(keys):
             members.setdefault(key, []).append((i, t))

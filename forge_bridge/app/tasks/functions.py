@@ -18,6 +18,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from forge_bridge.core.errors import InvalidArgument
+
 VERBS = ("create", "update", "find", "cancel", "schedule", "book", "send", "archive", "rate",
          "register", "estimate", "convert")
 NOUNS = ("invoice", "meeting", "flight", "order", "ticket", "reminder", "shipment", "reservation",
@@ -117,7 +119,7 @@ def generate_suite(n_functions: int = 300, requests_per_function: int = 2, seed:
     (at least one required, at least one optional), and `requests_per_function` requests each."""
     names = [f"{v}_{n}" for v in VERBS for n in NOUNS]
     if not 1 <= n_functions <= len(names):
-        raise ValueError(f"n_functions: expected 1..{len(names)}, got {n_functions}")
+        raise InvalidArgument(f"n_functions: expected 1..{len(names)}, got {n_functions}")
     rng = random.Random(seed)
     rng.shuffle(names)
     tasks = []

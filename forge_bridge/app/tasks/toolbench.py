@@ -17,6 +17,8 @@ import random
 import re
 from dataclasses import dataclass
 
+from forge_bridge.core.errors import InvalidArgument
+
 CITIES = {
     "Varenna": 48213, "Ostrava Nova": 91577, "Kelmor": 23904, "Brightwater": 67120,
     "Dunmere": 15388, "Sallow": 80245, "Tarvin": 39761, "Quillon": 56032,
@@ -81,7 +83,7 @@ def _tasks(kind: str, rng: random.Random, cities: list[str], n: int, start: int)
                             f"What is the combined population of {first} and {second}?",
                             CITIES[first] + CITIES[second]))
         else:
-            raise ValueError(f"unknown task kind {kind!r}; expected one of {ALL_KINDS}")
+            raise InvalidArgument(f"unknown task kind {kind!r}; expected one of {ALL_KINDS}")
     return out
 
 
