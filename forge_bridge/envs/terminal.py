@@ -1,15 +1,18 @@
 """A terminal as an environment: a fresh temporary working directory per episode, and three
 tools -- `run(command)`, `read_file(path)`, `write_file(path, content)`.
 
-Commands run confined (`forge_bridge.envs.confined`): inside the working directory, with a time
-limit, CPU / memory / file-size limits and no network where the OS allows it. By default a
-command is split like a shell would (`shlex`) but run without one, so `;`, `|`, `$(...)` and
-backticks in the model's text are plain arguments, not shell syntax; arguments that name a path
-outside the working directory are refused before anything runs. `shell=True` hands the line to
-`/bin/sh -c` instead (pipes work; the process limits and the network cut still apply, the
-path check cannot). The file tools resolve every path, symlinks included, inside the working
-directory. None of this is a full file-system sandbox: for untrusted code at scale, run the
-trainer in a container.
+Commands run in a sandbox (`sandbox="bwrap"`, the default; see `forge_bridge.envs.sandbox`):
+the working directory, seen as `/work`, is the only place they can write, the system is
+read-only, the host's other files (the trainer's, the store, the adapters, home folders) are not
+there, and there is no network unless `CommandLimits.network`; time, CPU, memory, file-size and
+process limits apply (`forge_bridge.envs.confined`). Where bubblewrap cannot run, the
+environment refuses to start unless `sandbox="none"` is passed explicitly, which warns what it
+exposes and checks only the arguments that look like paths.
+
+By default a command is split like a shell would (`shlex`) but run without one, so `;`, `|`,
+`$(...)` and backticks in the model's text are plain arguments; `shell=True` hands the line to
+`/bin/sh -c` inside the sandbox. The file tools resolve every path, symlinks included, inside
+the working directory (`/work/x` and `x` name the same file).
 """
 
 from __future__ import annotations
@@ -22,19 +25,22 @@ from typing import Any, Callable
 
 from forge_bridge.core.errors import WrongType
 from forge_bridge.envs.confined import CommandLimits, run_confined
+from forge_bridge.envs.sandbox import SANDBOX_WORKDIR, hand_over, require_sandbox
 from forge_bridge.envs.tool import ToolEnvironment, ToolError, ToolTask, function_schema
 
 
 class TerminalEnvironment(ToolEnvironment):
     """Shell-like tools over a per-episode working directory; the task's checker decides."""
 
-    def __init__(self, limits: CommandLimits = CommandLimits(), *, shell: bool = False,
+    def __init__(self, limits: CommandLimits = CommandLimits(), *, sandbox: str = "bwrap", shell: bool = False,
                  root: str | None = None, keep_workdir: bool = False,
                  max_observation_chars: int = 8000) -> None:
         if not isinstance(limits, CommandLimits):
             raise WrongType(f"limits: expected a CommandLimits, got {type(limits).__name__}")
-        self.limits, self.shell, self.root, self.keep_workdir = limits, shell, root, keep_workdir
+        require_sandbox(sandbox)  # SandboxUnavailable here, before any episode, not mid-run
+        self.limits, self.sandbox, self.shell, self.root, self.keep_workdir = limits, sandbox, shell, root, keep_workdir
         self.workdir: Path | None = None
+        self._handed_over = False
         self.commands: list[dict] = []
         super().__init__(max_observation_chars, tool_timeout_s=limits.timeout_s + 30)
 
@@ -55,6 +61,7 @@ class TerminalEnvironment(ToolEnvironment):
         self._remove_workdir()
         self.workdir = Path(tempfile.mkdtemp(prefix="forge-terminal-", dir=self.root)).resolve()
         self.commands = []
+        self._handed_over = False  # the task's setup may write files next
 
     def close(self) -> None:
         self._remove_workdir()
@@ -69,6 +76,8 @@ class TerminalEnvironment(ToolEnvironment):
         """`path` resolved (symlinks too) inside the working directory, or a refusal."""
         if self.workdir is None:
             raise ToolError("no episode is running")
+        if self.sandbox == "bwrap" and (path == SANDBOX_WORKDIR or path.startswith(SANDBOX_WORKDIR + "/")):
+            path = path[len(SANDBOX_WORKDIR):].lstrip("/") or "."  # the name commands see it by
         target = (self.workdir / path).resolve()
         if target != self.workdir and self.workdir not in target.parents:
             raise ToolError(f"path {path!r} is outside the working directory")
@@ -84,11 +93,17 @@ class TerminalEnvironment(ToolEnvironment):
                 argv = shlex.split(command)
             except ValueError as exc:
                 raise ToolError(f"cannot split the command: {exc}") from None
+        if self.sandbox == "none" and not self.shell:  # without a sandbox, a best effort on arguments
             for arg in argv[1:]:
                 for part in (arg, arg.split("=", 1)[-1]):
                     if part.startswith(("/", "~")) or ".." in Path(part).parts:
                         self.inside(part.replace("~", str(self.workdir), 1) if part.startswith("~") else part)
-        result = run_confined(argv, self.workdir, self.limits)
+        if self.workdir is None:
+            raise ToolError("no episode is running")
+        if not self._handed_over:  # files the task's setup or write_file made, to the sandbox user
+            hand_over(self.workdir)
+            self._handed_over = True
+        result = run_confined(argv, self.workdir, self.limits, self.sandbox)
         record = {"exit_code": result.exit_code, "timed_out": result.timed_out,
                   "limit_hit": result.limit_hit, "stdout_bytes": result.stdout_bytes,
                   "stderr_bytes": result.stderr_bytes, "duration_s": round(result.duration_s, 3),
@@ -116,6 +131,7 @@ class TerminalEnvironment(ToolEnvironment):
             raise ToolError(f"content larger than the file-size limit ({self.limits.file_size_mb} MiB)")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content, encoding="utf-8")
+        self._handed_over = False
         return f"wrote {len(content)} characters to {target.relative_to(self.workdir)}"
 
 

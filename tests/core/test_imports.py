@@ -55,7 +55,7 @@ SUBPACKAGE_APIS = {
     "forge_bridge.core.errors": [
         "AdapterError", "AgentError", "ContextLengthExceeded", "EpisodeClosed", "ForgeBridgeError", "InvalidArgument",
         "InvalidState", "NotFound", "PolicyError", "PolicyResponseError", "PolicyUnavailable",
-        "RunExistsError", "SchemaError", "StoreError", "Unsupported", "WrongType"],
+        "RunExistsError", "SandboxUnavailable", "SchemaError", "StoreError", "Unsupported", "WrongType"],
     "forge_bridge.core.recording": [
         "DEFAULT_MAX_MODEL_CALLS", "DEFAULT_MAX_TOOL_OUTPUT_CHARS", "DEFAULT_TOOL_TIMEOUT_S", "Limits",
         "StepRewards", "ToolOutcome", "acall_policy", "give_step_reward", "arun_tool", "bound_output", "call_policy", "over_step_limit",

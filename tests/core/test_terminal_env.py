@@ -59,16 +59,19 @@ def test_each_episode_gets_a_fresh_working_directory_removed_at_the_end():
     assert not second.exists()
 
 
-@pytest.mark.parametrize("args", [
-    {"name": "read_file", "path": "../../etc/passwd"},
-    {"name": "read_file", "path": "/etc/passwd"},
-    {"name": "write_file", "path": "../escaped.txt", "content": "x"},
-    {"name": "run", "command": "cat /etc/passwd"},
-    {"name": "run", "command": "ls ../"},
-    {"name": "run", "command": "cp x --target-directory=/tmp"},
+@pytest.mark.parametrize("sandbox,args", [
+    ("bwrap", {"name": "read_file", "path": "../../etc/passwd"}),
+    ("bwrap", {"name": "read_file", "path": "/etc/passwd"}),
+    ("bwrap", {"name": "read_file", "path": "/work/../etc/passwd"}),
+    ("bwrap", {"name": "write_file", "path": "../escaped.txt", "content": "x"}),
+    # without a sandbox, the arguments that look like paths are checked before anything runs
+    ("none", {"name": "run", "command": "cat /etc/passwd"}),
+    ("none", {"name": "run", "command": "ls ../"}),
+    ("none", {"name": "run", "command": "cp x --target-directory=/tmp"}),
 ])
-def test_paths_outside_the_working_directory_are_refused_and_recorded(args, tmp_path):
-    with TerminalEnvironment(root=str(tmp_path)) as env:
+@pytest.mark.filterwarnings("ignore:sandbox='none'")
+def test_paths_outside_the_working_directory_are_refused_and_recorded(sandbox, args, tmp_path):
+    with TerminalEnvironment(sandbox=sandbox, root=str(tmp_path)) as env:
         env.reset(greeting_task())
         name = args.pop("name")
         outcome = result_of(env, call(name, **args))
@@ -120,33 +123,37 @@ def test_output_that_is_not_utf8_is_observed_with_replacement_characters():
         assert "ok \ufffd\ufffd end" in outcome["content"]
 
 
-def test_the_file_size_limit_stops_a_runaway_writer(tmp_path):
+def test_the_file_size_limit_stops_a_runaway_writer(workdir):
     limits = CommandLimits(file_size_mb=1, timeout_s=20)
-    result = run_confined(["sh", "-c", "yes > big.txt"], tmp_path, limits)
+    result = run_confined(["sh", "-c", "yes > big.txt"], workdir, limits)
     assert "rlimits" in result.confinement
     assert result.limit_hit == "file size"
-    assert (tmp_path / "big.txt").stat().st_size <= 1024 * 1024
+    assert (workdir / "big.txt").stat().st_size <= 1024 * 1024
 
 
-def test_commands_get_no_network_where_the_os_allows_it(tmp_path):
-    if not network_isolation_prefix():
+@pytest.mark.filterwarnings("ignore:sandbox='none'")
+@pytest.mark.parametrize("sandbox", ["bwrap", "none"])
+def test_commands_get_no_network_unless_asked(sandbox, workdir):
+    if sandbox == "none" and not network_isolation_prefix():
         pytest.skip("this OS permits no network namespace (unshare); the command would run with network")
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
     port = server.getsockname()[1]
     probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2); print('connected')"
-    confined = run_confined(["python3", "-c", probe], tmp_path, CommandLimits())
+    confined = run_confined(["python3", "-c", probe], workdir, CommandLimits(), sandbox)
     assert "no-network" in confined.confinement and confined.exit_code != 0 and "connected" not in confined.stdout
-    allowed = run_confined(["python3", "-c", probe], tmp_path, CommandLimits(network=True))
+    allowed = run_confined(["python3", "-c", probe], workdir, CommandLimits(network=True), sandbox)
     assert allowed.exit_code == 0 and "connected" in allowed.stdout  # the probe itself works
     server.close()
 
 
-def test_secrets_in_the_trainers_environment_do_not_reach_commands(monkeypatch, tmp_path):
+@pytest.mark.filterwarnings("ignore:sandbox='none'")
+@pytest.mark.parametrize("sandbox,home", [("bwrap", "/work"), ("none", None)])
+def test_secrets_in_the_trainers_environment_do_not_reach_commands(sandbox, home, monkeypatch, workdir):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
-    result = run_confined(["env"], tmp_path, CommandLimits())
-    assert "sk-secret" not in result.stdout and f"HOME={tmp_path}" in result.stdout
+    result = run_confined(["env"], workdir, CommandLimits(), sandbox)
+    assert "sk-secret" not in result.stdout and f"HOME={home or workdir.resolve()}" in result.stdout
 
 
 def test_tool_faults_become_error_observations():
@@ -192,8 +199,8 @@ def test_a_checker_that_raises_or_returns_nan_is_a_clear_error():
             env.step(Action(content="done"))
 
 
-def test_cpu_and_memory_limits_stop_a_hog(tmp_path):
-    spin = run_confined(["python3", "-c", "while True: pass"], tmp_path, CommandLimits(cpu_s=1, timeout_s=30))
+def test_cpu_and_memory_limits_stop_a_hog(workdir):
+    spin = run_confined(["python3", "-c", "while True: pass"], workdir, CommandLimits(cpu_s=1, timeout_s=30))
     assert spin.limit_hit == "cpu" and spin.duration_s < 15
-    hog = run_confined(["python3", "-c", "x = bytearray(4_000_000_000)"], tmp_path, CommandLimits(memory_mb=256))
+    hog = run_confined(["python3", "-c", "x = bytearray(4_000_000_000)"], workdir, CommandLimits(memory_mb=256))
     assert hog.exit_code != 0 and "MemoryError" in hog.stderr
