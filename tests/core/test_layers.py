@@ -30,8 +30,9 @@ def layer_of(module: str) -> str:
 
 def parse(path) -> ast.AST:
     """`ast.parse`, retried once: CPython 3.11 keeps the AST converter's recursion depth in shared
-    state, so a parse that overlaps one on another thread (a LangChain agent thread left by an
-    earlier test inspecting a lambda) can fail with a spurious SystemError (gh-106905)."""
+    state, so a parse that overlaps one on another thread (LangChain parses function sources with
+    `ast` on agent threads) can fail with a spurious SystemError (gh-106905); seen once in a
+    full run."""
     try:
         return ast.parse(path.read_text())
     except SystemError:
