@@ -8,11 +8,12 @@ price) are checked from the shop's state; the held-out split names products trai
 Two ways in, both recorded with exact token ids:
 - framework-free: `HarnessAgent(policy, make_env)` runs obs -> action -> obs over the browser;
 - LangChain: a `create_agent` agent whose tools drive the same browser, wrapped in
-  `AgentEnvironment`, so each of the agent's model calls is one step (`--langchain`).
+  `AgentEnvironment`, so each of the agent's model calls is one step and the same trainer
+  trains it (`--langchain`).
 
     .venv/bin/python examples/browser_agent.py                # record 4 episodes, print them
     .venv/bin/python examples/browser_agent.py --train 2      # then 2 GRPO iterations (HarnessAgent)
-    .venv/bin/python examples/browser_agent.py --langchain    # the LangChain agent, recorded
+    .venv/bin/python examples/browser_agent.py --langchain --train 2   # the same with the LangChain agent
 
 Runs offline on the embedded SmolLM2-135M on a CPU with the system's Chromium. Out of the box the
 small model rarely finishes a shop task; its episodes are still recorded in full, which is what
@@ -110,8 +111,8 @@ def main() -> None:
             results = [r["content"][:70].replace("\n", " ") for r in step.info.get("tool_results", {}).values()]
             print(f"  step {i}: {len(step.completion_token_ids)} tokens, calls={calls or '-'}, "
                   f"results={results or '-'}, text={step.action.content[:60]!r}")
-    if args.train and not args.langchain:
-        trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(group_size=4, lr=1e-4, concurrency=2,
+    if args.train:  # one AgentEnvironment holds one agent: its rollouts run one at a time
+        trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(group_size=4, lr=1e-4, concurrency=1 if args.langchain else 2,
                                                        out_dir="runs/examples/browser", run_name="browser"))
         for metrics in trainer.train(harness, train_tasks[:2], iterations=args.train):
             print(f"iteration {metrics['iteration']}: reward {metrics['reward_mean']:.2f}, "
