@@ -112,6 +112,23 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
     return kept, stats
 
 
+def trained_tokens_per_step(samples: Sequence[Sample]) -> dict[tuple[str, int], int]:
+    """(trajectory id, step) -> completion tokens the loss trains on, after merging and the
+    length cut: a sample's runs of loss-mask 1 are its steps' completions, in order."""
+    out: dict[tuple[str, int], int] = {}
+    for sample in samples:
+        runs, previous = [], 0
+        for bit in sample.loss_mask:
+            if bit and not previous:
+                runs.append(0)
+            if bit:
+                runs[-1] += 1
+            previous = bit
+        for k, step in enumerate(sample.steps):
+            out[step] = runs[k] if k < len(runs) else 0
+    return out
+
+
 def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded tensors: input_ids, attention_mask, loss_mask, sampler_logprobs (recorded by
     the policy that sampled), advantages [B, T], and trainer_logprobs [B, T] when every sample has

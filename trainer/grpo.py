@@ -78,6 +78,8 @@ class GRPOTrainer(Trainer):
 
     def prepare(self, groups):
         advantages = grpo_advantages(groups, self.config)
+        self.step_advantages = {(t.id, k): float(a[k]) for group, advs in zip(groups, advantages)
+                                for t, a in zip(group.trajectories, advs) for k in range(len(a))}
         if self.config.skip_uniform_groups and self.config.baseline == "group":
             # a group whose every advantage is 0 says nothing against its own rollouts
             signal = [any(a.numel() > 0 and float(a.abs().max()) > 1e-6 for a in advs) for advs in advantages]

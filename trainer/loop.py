@@ -10,6 +10,7 @@ every trajectory recorded before the kill stays in the store.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import time
@@ -25,7 +26,7 @@ from forge_bridge.core.errors import InvalidArgument, WrongType
 from forge_bridge.core.types import TrajectoryGroup
 from forge_bridge.policies.base import Policy
 from forge_bridge.trainer import checkpoint, rollouts
-from forge_bridge.trainer.batch import BatchStats, Sample, collate
+from forge_bridge.trainer.batch import BatchStats, Sample, collate, trained_tokens_per_step
 from forge_bridge.trainer.config import TrainerConfig
 from forge_bridge.trainer.logprobs import token_logprobs
 from forge_bridge.trainer.lora import attach_lora, save_adapter
@@ -72,6 +73,12 @@ class Trainer:
                        else runs.new_run(self.out, config.run_name))
         """Keys every trajectory, group id and metrics line of this run."""
         self.recorder = recorder or Recorder(self.out / "trajectories.db", run_id=self.run_id)
+        if not (self.out / "tokenizer").is_dir():  # the run folder reads on its own (forge-bridge inspect)
+            self.tokenizer.save_pretrained(self.out / "tokenizer")
+        (self.out / "trainer.json").write_text(json.dumps(
+            {"trainer": type(self).__name__, "model": str(source), "config": dataclasses.asdict(config)}, indent=1))
+        self.step_advantages: dict[tuple[str, int], float] = {}
+        """(trajectory id, step) -> the advantage `prepare` computed for the current iteration."""
         self.iteration = 0
         self.history: list[dict] = []
         self._tb = None
@@ -86,6 +93,15 @@ class Trainer:
     def prepare(self, groups: list[TrajectoryGroup]) -> tuple[list[Sample], BatchStats, dict]:
         """The algorithm: advantages of the groups' steps, as training samples."""
         raise NotImplementedError
+
+    def record_credit(self, groups: list[TrajectoryGroup], samples: list[Sample], iteration: int) -> None:
+        """Store what this iteration made of each step -- the advantage `prepare` gave it and the
+        completion tokens the loss trains on (0: its group was uniform, or it was cut or
+        untrainable) -- so `forge-bridge inspect` shows exactly what the update saw."""
+        trained = trained_tokens_per_step(samples)
+        self.recorder.store.record_credit(iteration, [
+            (t.id, k, self.step_advantages.get((t.id, k)), trained.get((t.id, k), 0))
+            for group in groups for t in group.trajectories for k in range(len(t.transitions))])
 
     def loss(self, logp: torch.Tensor, hidden: torch.Tensor, batch: dict) -> tuple[torch.Tensor, dict]:
         raise NotImplementedError
@@ -145,6 +161,7 @@ class Trainer:
                 it, tasks, self.config.tasks_per_iteration, self.config.seed), it)
             t1 = time.perf_counter()
             samples, batch_stats, adv_stats = self.prepare(groups)
+            self.record_credit(groups, samples, it + 1)
             update_stats = self.update(samples) if samples else {}
             t2 = time.perf_counter()
             version = self.publish(it + 1)

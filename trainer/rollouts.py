@@ -72,7 +72,9 @@ def collect(rollout: Rollout, tasks: list[tuple[str, Any]], it: int, *, recorder
     opened: list[str] = []  # trajectory ids, a crew's roles included
 
     def one(tid: str, task: Any, group: str) -> None:
-        ep = recorder.episode(tid, group, run_id=run_id, metadata={"iteration": it + 1})
+        kind = task.get("kind") if isinstance(task, dict) else getattr(task, "kind", None)
+        metadata = {"iteration": it + 1, **({"kind": str(kind)} if isinstance(kind, (str, int)) else {})}
+        ep = recorder.episode(tid, group, run_id=run_id, metadata=metadata)
         try:
             with ep:
                 value = rollout(task)

@@ -118,6 +118,18 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from forge_bridge.app.inspector.server import Inspector
+
+    if args.run_dir is None and args.store is None:
+        print("forge-bridge inspect: give a run folder, or --store for a store outside one", file=sys.stderr)
+        return 2
+    inspector = Inspector(args.run_dir, store=args.store, host=args.host, port=args.port)
+    print(f"forge-bridge inspect: {inspector.url}  (reads {inspector.view.store_path}; Ctrl-C stops)", flush=True)
+    inspector.serve_forever()
+    return 0
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     from forge_bridge.core.store import TrajectoryStore
 
@@ -302,6 +314,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", help="a run folder (with metrics.jsonl)")
     p.add_argument("--out", help="PNG path (default: RUN_DIR/reward_curve.png)")
     p.set_defaults(func=_cmd_plot)
+
+    p = sub.add_parser("inspect", help="look at a run in the browser: curves, trajectories, tokens, credit",
+                       description="Serve a local web app over RUN_DIR (its trajectory store, read-only and "
+                                   "safe while a run is writing, metrics.jsonl and results.json): training "
+                                   "curves, a filterable trajectory table, each trajectory step by step with "
+                                   "its tokens coloured by logprob, loss mask or advantage, groups side by "
+                                   "side, and adapter versions on the same held-out task.")
+    p.add_argument("run_dir", nargs="?", help="a run folder (with trajectories.db)")
+    p.add_argument("--store", help="a trajectory store outside a run folder")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8765, help="port (default: 8765; 0 picks a free one)")
+    p.set_defaults(func=_cmd_inspect)
 
     p = sub.add_parser("export", help="export recorded trajectories to JSONL or Parquet",
                        description="Export trajectories from a SQLite trajectory store. JSONL "

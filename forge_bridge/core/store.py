@@ -49,7 +49,16 @@ CREATE TABLE IF NOT EXISTS transitions (
     data TEXT NOT NULL,
     PRIMARY KEY (trajectory_id, step)
 );
+CREATE TABLE IF NOT EXISTS credit (
+    trajectory_id TEXT NOT NULL REFERENCES trajectories(id),
+    step INTEGER NOT NULL,
+    iteration INTEGER NOT NULL,
+    advantage REAL,
+    trained_tokens INTEGER NOT NULL,
+    PRIMARY KEY (trajectory_id, step)
+);
 CREATE INDEX IF NOT EXISTS trajectories_run ON trajectories(run_id, status);
+CREATE INDEX IF NOT EXISTS trajectories_created ON trajectories(created_at);
 CREATE INDEX IF NOT EXISTS trajectories_task ON trajectories(task_id);
 CREATE INDEX IF NOT EXISTS trajectories_group ON trajectories(group_id);
 CREATE INDEX IF NOT EXISTS transitions_adapter ON transitions(adapter);
@@ -203,6 +212,22 @@ class TrajectoryStore:
             ("UPDATE trajectories SET excluded = ?, updated_at = ? WHERE id = ?", (reason, time.time(), i))
             for i in ids])
         return len(ids)
+
+    def record_credit(self, iteration: int, rows: Iterable[tuple[str, int, float | None, int]]) -> int:
+        """What the trainer made of each step in `iteration`: (trajectory id, step, advantage or
+        None where none was computed, completion tokens the loss trained on). Returns how many."""
+        rows = list(rows)
+        self._write("recording credit", [
+            ("INSERT OR REPLACE INTO credit (trajectory_id, step, iteration, advantage, trained_tokens) "
+             "VALUES (?, ?, ?, ?, ?)", (tid, step, iteration, adv, trained)) for tid, step, adv, trained in rows])
+        return len(rows)
+
+    def credit_of(self, trajectory_id: str) -> dict[int, tuple[int, float | None, int]]:
+        """step -> (iteration, advantage, trained tokens), for the steps a trainer saw."""
+        with self._lock:
+            rows = self._db.execute("SELECT step, iteration, advantage, trained_tokens FROM credit "
+                                    "WHERE trajectory_id = ?", (trajectory_id,)).fetchall()
+        return {step: (it, adv, trained) for step, it, adv, trained in rows}
 
     # ------------------------------------------------------------------ reading
     def _select_ids(self, run_id: str | None, task_id: str | None, group_id: str | None,

@@ -3,7 +3,7 @@
 import torch
 
 from forge_bridge.core.types import Action, Observation, Trajectory, Transition
-from forge_bridge.trainer.batch import build_samples, collate
+from forge_bridge.trainer.batch import build_samples, collate, trained_tokens_per_step
 
 
 def step(prompt, completion, logprobs=None):
@@ -57,3 +57,14 @@ def test_collate_right_pads():
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
     assert batch["loss_mask"].tolist() == [[0, 0, 1, 0], [0, 1, 1, 1]]
     assert batch["value_positions"].tolist() == [[1], [0]] and batch["value_mask"].tolist() == [[1], [1]]
+
+
+def test_trained_tokens_per_step_follow_merging_and_the_length_cut():
+    first, second = step([1, 2], [3, 4]), step([1, 2, 3, 4, 7, 8], [9, 10, 11])  # 7, 8: a tool result
+    traj = Trajectory(transitions=[first, second, step([5], [6])])
+    merged, _ = build_samples([traj], [torch.tensor([1.0, 2.0, 3.0])], 64, merge=True)
+    assert trained_tokens_per_step(merged) == {(traj.id, 0): 2, (traj.id, 1): 3, (traj.id, 2): 1}
+    cut, _ = build_samples([traj], [torch.tensor([1.0, 2.0, 3.0])], 7, merge=True)  # [1 2 3 4 7 8 9 | 10 11]
+    assert trained_tokens_per_step(cut) == {(traj.id, 0): 2, (traj.id, 1): 1, (traj.id, 2): 1}
+    gone, _ = build_samples([traj], [torch.tensor([1.0, 2.0, 3.0])], 5, merge=True)  # step 1's completion cut away
+    assert trained_tokens_per_step(gone) == {(traj.id, 0): 2, (traj.id, 1): 0, (traj.id, 2): 1}

@@ -1,0 +1,98 @@
+"""`forge-bridge inspect`: the pages served on 127.0.0.1 by the standard library's threading
+HTTP server, one read-only store connection per request."""
+
+from __future__ import annotations
+
+import html
+import threading
+import traceback
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from forge_bridge.app.inspector import pages
+from forge_bridge.app.inspector.data import Filters, RunView
+from forge_bridge.core.errors import ForgeBridgeError, InvalidState, NotFound
+
+
+def route(view: RunView, path: str, query: dict[str, str]) -> tuple[int, str]:
+    """(HTTP status, page) for a GET of `path`."""
+    try:
+        if path == "/":
+            return 200, pages.index(view)
+        if path == "/trajectories":
+            return 200, pages.trajectories(view, Filters.from_query(query))
+        if path.startswith("/trajectory/"):
+            return 200, pages.trajectory(view, path.removeprefix("/trajectory/"), query.get("colour", "logprob"))
+        if path.startswith("/group/"):
+            return 200, pages.group(view, path.removeprefix("/group/"))
+        if path == "/compare":
+            return 200, pages.compare(view, query.get("task", ""), query.get("a", ""), query.get("b", ""))
+        return 404, pages.layout("Not found", f"<p>No page {html.escape(path)}.</p>")
+    except NotFound as exc:
+        return 404, pages.layout("Not found", f"<p>{html.escape(str(exc))}</p>")
+    except ForgeBridgeError as exc:  # a bad filter or sort: say so on the page
+        return 400, pages.layout("Bad request", f"<p>{html.escape(str(exc))}</p>")
+
+
+class Inspector:
+    """The inspector over one run folder (or `store=`), served at `url` until `close()`."""
+
+    def __init__(self, folder: str | Path | None = None, *, store: str | Path | None = None,
+                 host: str = "127.0.0.1", port: int = 0) -> None:
+        self.view = RunView(folder, store=store)
+        view = self.view
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                url = urllib.parse.urlsplit(self.path)
+                try:
+                    status, page = route(view, urllib.parse.unquote(url.path), dict(urllib.parse.parse_qsl(url.query)))
+                except Exception:  # a page bug: show it, keep serving
+                    status, page = 500, pages.layout("Error", f"<pre>{html.escape(traceback.format_exc())}</pre>")
+                body = page.encode("utf-8")
+                self.send_response(status)
+                self.send_header("Content-Type", "text/html; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self._server: ThreadingHTTPServer | None = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self.host = host
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True, name="inspector")
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise InvalidState("the inspector is closed")
+        return f"http://{self.host}:{self._server.server_address[1]}"
+
+    def serve_forever(self) -> None:
+        """Block until interrupted (the command line's way)."""
+        try:
+            self._thread.join()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> "Inspector":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["Inspector", "route"]
