@@ -83,3 +83,16 @@ def workdir():
     path = Path(tempfile.mkdtemp(prefix="forge-test-work-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def quick_demo(taught_model_dir, tmp_path_factory):
+    """`forge-bridge demo --quick` on the taught tiny model, run once: (run folder, process)."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("quick-demo") / "demo"
+    proc = subprocess.run([sys.executable, "-m", "forge_bridge.app.cli", "demo", "--quick",
+                           "--model", str(taught_model_dir), "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    return out, proc

@@ -8,11 +8,8 @@ import sys
 from forge_bridge.core.store import TrajectoryStore
 
 
-def test_demo_pipeline_runs_end_to_end(taught_model_dir, tmp_path):
-    out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "forge_bridge.app.cli", "demo", "--quick",
-                           "--model", str(taught_model_dir), "--out", str(out)],
-                          capture_output=True, text=True, timeout=900)
+def test_demo_pipeline_runs_end_to_end(quick_demo):
+    out, proc = quick_demo
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "held-out success rate, greedy (6 tasks)" in proc.stdout
     assert "lookup_multiply (2)" in proc.stdout and "wall time per phase" in proc.stdout
