@@ -124,3 +124,24 @@ def test_reading_never_writes_and_a_missing_or_foreign_store_is_refused(run_fold
         RunView(store=tmp_path / "junk.db")
     with pytest.raises(InvalidArgument, match="outcome"):
         Filters.from_query({"outcome": "maybe"})
+
+
+def test_the_command_serves_a_run_folder_on_loopback(run_folder):
+    import subprocess
+    import sys
+
+    folder, ids = run_folder
+    proc = subprocess.Popen([sys.executable, "-m", "forge_bridge.app.cli", "inspect", str(folder), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        url = line.split()[2]
+        assert url.startswith("http://127.0.0.1:"), line
+        with urllib.request.urlopen(f"{url}/trajectory/{ids[0]}") as r:
+            assert r.status == 200 and "56032" in r.read().decode()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    missing = subprocess.run([sys.executable, "-m", "forge_bridge.app.cli", "inspect", str(folder / "nope")],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode != 0 and "no trajectory store" in missing.stderr

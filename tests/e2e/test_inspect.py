@@ -91,8 +91,17 @@ def test_the_inspector_shows_the_demos_run_down_to_tokens_and_credit(quick_demo,
         for k in range(len(steps)):
             shown = sections.nth(k).get_attribute("data-advantage")
             assert shown != "" and float(shown) == pytest.approx(expected[(chosen, k)], abs=1e-6), k
-        page.click("text=advantage")
         page.screenshot(path=str(ARTIFACTS / "step-view.png"), full_page=True)
+
+        # two versions on one held-out task: every recorded answer, and a diff of two
+        task = inspector.view.evaluated_tasks()[0]
+        page.goto(inspector.url + "/compare")
+        page.select_option("select[name=task]", task)
+        page.click("main form button")
+        runs = page.locator("main table").first.locator("tr td:first-child").all_inner_texts()
+        assert {"eval-base", "eval-sft", "eval-rl"} <= set(runs)
+        assert page.locator("#diff table.diff").count() == 1
+        page.screenshot(path=str(ARTIFACTS / "compare.png"), full_page=True)
         page.close()
 
 
