@@ -34,6 +34,8 @@ class Sample:
     returns: list[float] = field(default_factory=list)
     """Per step in this sample: the value target (PPO)."""
     steps: list[tuple[str, int]] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    """Per step in this sample: where its completion lies in `input_ids` ([start, end))."""
     truncated: bool = False
     temperature: float = 1.0
     """The sampling temperature of its completions (1 where unknown or greedy)."""
@@ -78,6 +80,8 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
                     and prompt[:len(current.input_ids)] == current.input_ids):
                 gap = prompt[len(current.input_ids):]
                 current.value_positions.append(len(current.input_ids) + len(gap) - 1)
+                start = len(current.input_ids) + len(gap)
+                current.spans.append((start, start + len(completion)))
                 current.input_ids += gap + completion
                 current.loss_mask += [0] * len(gap) + [1] * len(completion)
                 current.sampler_logprobs += [0.0] * len(gap) + list(step.completion_logprobs)
@@ -91,7 +95,7 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
                              sampler_logprobs=[0.0] * len(prompt) + list(step.completion_logprobs),
                              advantages=[0.0] * len(prompt) + [adv] * len(completion),
                              value_positions=[len(prompt) - 1], returns=[ret], steps=[(traj.id, s)],
-                             temperature=temperature)
+                             spans=[(len(prompt), len(prompt) + len(completion))], temperature=temperature)
             samples.append(current)
     kept = []
     for sample in samples:
@@ -101,6 +105,7 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
             sample.value_positions = keep
             for name in ("input_ids", "loss_mask", "sampler_logprobs", "advantages"):
                 setattr(sample, name, getattr(sample, name)[:max_len])
+            sample.spans = [(min(a, max_len), min(b, max_len)) for a, b in sample.spans]
             sample.truncated = True
             if sum(sample.loss_mask) == 0:
                 stats.too_long += 1
@@ -114,19 +119,8 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
 
 def trained_tokens_per_step(samples: Sequence[Sample]) -> dict[tuple[str, int], int]:
     """(trajectory id, step) -> completion tokens the loss trains on, after merging and the
-    length cut: a sample's runs of loss-mask 1 are its steps' completions, in order."""
-    out: dict[tuple[str, int], int] = {}
-    for sample in samples:
-        runs, previous = [], 0
-        for bit in sample.loss_mask:
-            if bit and not previous:
-                runs.append(0)
-            if bit:
-                runs[-1] += 1
-            previous = bit
-        for k, step in enumerate(sample.steps):
-            out[step] = runs[k] if k < len(runs) else 0
-    return out
+    length cut (each step's span of the sample, as cut)."""
+    return {step: sum(sample.loss_mask[a:b]) for sample in samples for step, (a, b) in zip(sample.steps, sample.spans)}
 
 
 def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:

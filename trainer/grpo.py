@@ -15,7 +15,7 @@ from typing import Hashable, Sequence
 
 import torch
 
-from forge_bridge.core.types import Trajectory, Transition, TrajectoryGroup
+from forge_bridge.core.types import Trajectory, TrajectoryGroup, Transition
 from forge_bridge.trainer.advantages import (
     anchor_step_advantages,
     combine,
@@ -78,8 +78,7 @@ class GRPOTrainer(Trainer):
 
     def prepare(self, groups):
         advantages = grpo_advantages(groups, self.config)
-        self.step_advantages = {(t.id, k): float(a[k]) for group, advs in zip(groups, advantages)
-                                for t, a in zip(group.trajectories, advs) for k in range(len(a))}
+        self.remember_advantages([t for g in groups for t in g.trajectories], [a for advs in advantages for a in advs])
         if self.config.skip_uniform_groups and self.config.baseline == "group":
             # a group whose every advantage is 0 says nothing against its own rollouts
             signal = [any(a.numel() > 0 and float(a.abs().max()) > 1e-6 for a in advs) for advs in advantages]

@@ -23,7 +23,7 @@ import torch
 from forge_bridge.core import runs
 from forge_bridge.core.episode import Recorder
 from forge_bridge.core.errors import InvalidArgument, WrongType
-from forge_bridge.core.types import TrajectoryGroup
+from forge_bridge.core.types import Trajectory, TrajectoryGroup
 from forge_bridge.policies.base import Policy
 from forge_bridge.trainer import checkpoint, rollouts
 from forge_bridge.trainer.batch import BatchStats, Sample, collate, trained_tokens_per_step
@@ -76,7 +76,8 @@ class Trainer:
         if not (self.out / "tokenizer").is_dir():  # the run folder reads on its own (forge-bridge inspect)
             self.tokenizer.save_pretrained(self.out / "tokenizer")
         (self.out / "trainer.json").write_text(json.dumps(
-            {"trainer": type(self).__name__, "model": str(source), "config": dataclasses.asdict(config)}, indent=1))
+            {"trainer": type(self).__name__, "model": str(source), "config": dataclasses.asdict(config)},
+            indent=1, default=str))  # out_dir may be a Path
         self.step_advantages: dict[tuple[str, int], float] = {}
         """(trajectory id, step) -> the advantage `prepare` computed for the current iteration."""
         self.iteration = 0
@@ -93,6 +94,10 @@ class Trainer:
     def prepare(self, groups: list[TrajectoryGroup]) -> tuple[list[Sample], BatchStats, dict]:
         """The algorithm: advantages of the groups' steps, as training samples."""
         raise NotImplementedError
+
+    def remember_advantages(self, trajectories: Sequence[Trajectory], advantages: Sequence[torch.Tensor]) -> None:
+        """Keep what `prepare` gave each step ([S_i] per trajectory), for `record_credit`."""
+        self.step_advantages = {(t.id, k): float(a[k]) for t, a in zip(trajectories, advantages) for k in range(len(a))}
 
     def record_credit(self, groups: list[TrajectoryGroup], samples: list[Sample], iteration: int) -> None:
         """Store what this iteration made of each step -- the advantage `prepare` gave it and the

@@ -91,7 +91,7 @@ class PPOTrainer(Trainer):
         per_step = [torch.tensor([values.get((t.id, i), 0.0) for i in range(len(t.transitions))]) for t in trajs]
         advs, rets = ppo_advantages(trajs, per_step, self.config,
                                     [float(v[-1]) if len(v) else 0.0 for v in per_step])  # V(s_T) ~ V(s_{T-1})
-        self.step_advantages = {(t.id, k): float(a[k]) for t, a in zip(trajs, advs) for k in range(len(a))}
+        self.remember_advantages(trajs, advs)
         samples, stats = build_samples(trajs, advs, self.config.max_seq_len, self.config.merge_steps,
                                        step_returns=rets)
         return samples, stats, {"value_mean": sum(values.values()) / max(len(values), 1)}

@@ -222,13 +222,6 @@ class TrajectoryStore:
              "VALUES (?, ?, ?, ?, ?)", (tid, step, iteration, adv, trained)) for tid, step, adv, trained in rows])
         return len(rows)
 
-    def credit_of(self, trajectory_id: str) -> dict[int, tuple[int, float | None, int]]:
-        """step -> (iteration, advantage, trained tokens), for the steps a trainer saw."""
-        with self._lock:
-            rows = self._db.execute("SELECT step, iteration, advantage, trained_tokens FROM credit "
-                                    "WHERE trajectory_id = ?", (trajectory_id,)).fetchall()
-        return {step: (it, adv, trained) for step, it, adv, trained in rows}
-
     # ------------------------------------------------------------------ reading
     def _select_ids(self, run_id: str | None, task_id: str | None, group_id: str | None,
                     status: str | Iterable[str] | None, adapter: str | None) -> list[str]:

@@ -8,8 +8,11 @@ selector works too). `goto`, `click` and `back` answer with the page they lead t
 observation is bounded.
 
 Navigation is restricted to an allow-list of origins (default: only the task's own site):
-a `goto`, a link or a redirect elsewhere, and any request a page makes elsewhere, is refused
-and observed as an error; `file:` URLs, downloads and popups are refused too. The site is a
+a `goto`, a link or a redirect elsewhere, and any HTTP request or WebSocket a page opens
+elsewhere, is refused and observed as an error; `file:` URLs, downloads and popups are refused
+too. WebRTC may not send UDP outside a proxy, DNS prefetching is off, and when every allowed
+origin is on 127.0.0.1 no other host name resolves at all. Chromium runs with its own sandbox
+except as root, where it cannot. The site is a
 `LocalSite` the environment starts on 127.0.0.1 and resets every episode, so a task's checker
 reads the site's state (`env.site`) to decide pass/fail, like any `ToolTask`.
 
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
+import re
 import shutil
 import urllib.parse
 from typing import Any, Callable, Protocol, Sequence
@@ -129,15 +134,13 @@ class BrowserEnvironment(ToolEnvironment):
             raise InvalidArgument(f"action_timeout_s: expected a number > 0, got {action_timeout_s!r}")
         self.site, self.action_timeout_s = site, float(action_timeout_s)
         self.executable_path = executable_path or find_chromium()
-        base = site.start() if site is not None else None
-        self.start_url = start_url or base
-        allowed = {origin_of(o) for o in allowed_origins} | {origin_of(self.start_url)}
-        if base:
-            allowed.add(origin_of(base))
+        allowed = {origin_of(o) for o in allowed_origins} | ({origin_of(start_url)} if start_url else set())
         for origin in allowed:
             if not origin.startswith(("http://", "https://")):
                 raise InvalidArgument(f"allowed_origins: only http(s) origins can be allowed, got {origin!r}")
-        self.allowed_origins = frozenset(allowed)
+        base = site.start() if site is not None else None  # only once the settings are known good
+        self.start_url = start_url or base
+        self.allowed_origins = frozenset(allowed | ({origin_of(base)} if base else set()))
         self.refused: list[str] = []
         """What this episode's pages tried and were refused (navigations, requests, popups, downloads)."""
         super().__init__(max_observation_chars, tool_timeout_s=self.action_timeout_s * 3 + 10)
@@ -155,6 +158,8 @@ class BrowserEnvironment(ToolEnvironment):
     # ------------------------------------------------------------------ the browser thread
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run `fn` on the browser thread (Playwright's sync API lives there) and wait."""
+        if self._thread is None:
+            raise InvalidState("the browser environment is closed")
         return self._thread.submit(fn, *args).result()
 
     def _launch(self) -> None:
@@ -164,8 +169,15 @@ class BrowserEnvironment(ToolEnvironment):
             raise BrowserUnavailable("Playwright is not installed: pip install playwright (its Python package "
                                      "only; the browser is the system's Chromium)") from exc
         self._playwright = sync_playwright().start()
+        args = ["--force-webrtc-ip-handling-policy=disable_non_proxied_udp", "--dns-prefetch-disable",
+                "--disable-background-networking"]
+        hosts = {urllib.parse.urlsplit(o).hostname for o in self.allowed_origins}
+        if hosts <= {"127.0.0.1", "localhost"}:  # a local site only: no name resolves to anything else
+            args.append("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, EXCLUDE localhost")
         try:
-            self._browser = self._playwright.chromium.launch(executable_path=self.executable_path, headless=True)
+            # Chromium's own sandbox needs an unprivileged user; as root it cannot start with one
+            self._browser = self._playwright.chromium.launch(executable_path=self.executable_path, headless=True,
+                                                             args=args, chromium_sandbox=os.geteuid() != 0)
         except Exception as exc:
             self._playwright.stop()
             raise BrowserUnavailable(f"Chromium at {self.executable_path} did not start: {exc}") from exc
@@ -177,6 +189,7 @@ class BrowserEnvironment(ToolEnvironment):
         self._context = self._browser.new_context(accept_downloads=False, service_workers="block")
         self._context.set_default_timeout(self.action_timeout_s * 1000)
         self._context.route("**/*", self._route)
+        self._context.route_web_socket(re.compile(".*"), self._route_web_socket)  # route() does not see these
         self._context.add_init_script(_NO_POPUPS_JS)
         self._page = self._context.new_page()
         self._context.on("page", self._on_page)  # after our own page, or it would count as a popup
@@ -191,6 +204,13 @@ class BrowserEnvironment(ToolEnvironment):
             what = "navigation to" if route.request.is_navigation_request() else "request to"
             self._refuse(f"{what} {url}")
             route.abort("blockedbyclient")
+
+    def _route_web_socket(self, socket: Any) -> None:
+        if origin_of(re.sub(r"^ws", "http", socket.url)) in self.allowed_origins:
+            socket.connect_to_server()
+        else:
+            self._refuse(f"websocket to {socket.url}")
+            socket.close(code=1008, reason="refused by the environment")
 
     def _on_page(self, page: Any) -> None:
         if page is not self._page:  # a popup or a new tab
@@ -218,11 +238,19 @@ class BrowserEnvironment(ToolEnvironment):
     def begin(self, task: ToolTask) -> None:
         if self.site is not None:
             self.site.reset()
-        self._call(self._new_context)
+        try:
+            self._call(self._new_context)
+        except InvalidState:
+            raise
+        except Exception as exc:  # the browser died under us
+            raise BrowserUnavailable(f"could not open a fresh browser context: {exc}") from exc
 
     def reset(self, task: ToolTask) -> list[dict]:
         first = super().reset(task)
-        page = self.goto(self.start_url)
+        try:
+            page = self.goto(self.start_url)
+        except ToolError as exc:
+            raise BrowserUnavailable(f"the start page {self.start_url} did not load: {exc}") from exc
         first[0]["content"] = f"{task.prompt}\n\nThe browser shows {page}"
         return first
 
@@ -252,6 +280,8 @@ class BrowserEnvironment(ToolEnvironment):
 
     def _act(self, action: Callable[[], None]) -> str:
         """Run a page action on the browser thread; refused navigations become a ToolError."""
+        if self._thread is None:
+            raise InvalidState("the browser environment is closed")
         if self._page is None or self.task is None:
             raise ToolError("no episode is running")
 

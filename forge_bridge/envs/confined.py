@@ -27,14 +27,13 @@ from pathlib import Path
 
 from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.envs.sandbox import (
-    SANDBOX_GID,
-    SANDBOX_UID,
     bwrap_argv,
     check_reachable,
+    command_environment,
+    hand_over,
     privilege_drop_prefix,
     processes_allowed,
     require_sandbox,
-    sandbox_environment,
 )
 
 
@@ -59,7 +58,9 @@ class CommandLimits:
     tmp_mb: int = 64
     """Size of the sandbox's private /tmp (a tmpfs, so it counts against memory)."""
     network: bool = False
-    """Allow network access (False: an empty network namespace where the OS permits one)."""
+    """Allow network access (False: an empty network namespace). True shares the host's network
+    namespace: the command can then reach services on the host's 127.0.0.1 (a vLLM server, the
+    gateway, the inspector) and abstract Unix sockets; grant it only to commands you trust that far."""
 
     def __post_init__(self) -> None:
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
@@ -128,12 +129,6 @@ def rlimit_prefix(limits: CommandLimits, nproc: int | None = None) -> tuple[str,
             f"--nofile={limits.open_files}", "--core=0", *([f"--nproc={nproc}"] if nproc else []), "--")
 
 
-def clean_environment(workdir: Path) -> dict[str, str]:
-    """Only what a command needs: no secrets or tokens inherited from the trainer's process."""
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(workdir), "TMPDIR": str(workdir),
-            "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
-
-
 def _read_head(path: Path, limit: int) -> tuple[str, int]:
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -160,11 +155,10 @@ def run_confined(argv: list[str], workdir: str | os.PathLike, limits: CommandLim
         prefix: tuple[str, ...] = rlimit_prefix(limits, processes_allowed(limits.processes))
         confinement += ["rlimits", "nproc"] if prefix else []
         check_reachable(workdir)
-        if os.geteuid() == 0:
-            os.chown(workdir, SANDBOX_UID, SANDBOX_GID)
+        hand_over(workdir, recursive=False)
         prefix += privilege_drop_prefix() + tuple(bwrap_argv(workdir, network=limits.network, tmp_mb=limits.tmp_mb))
         confinement += ["sandbox-fs", "pid-namespace", "unprivileged"] + ([] if limits.network else ["no-network"])
-        env = sandbox_environment()
+        env = command_environment()
     else:
         prefix = rlimit_prefix(limits)
         confinement += ["rlimits"] if prefix else []
@@ -172,7 +166,7 @@ def run_confined(argv: list[str], workdir: str | os.PathLike, limits: CommandLim
             net = network_isolation_prefix()
             confinement += ["no-network"] if net else []
             prefix += net
-        env = clean_environment(workdir)
+        env = command_environment(home=str(workdir), tmp=str(workdir))
     with tempfile.TemporaryDirectory(prefix="forge-cmd-") as capture:
         out_path, err_path = Path(capture) / "stdout", Path(capture) / "stderr"
         t0 = time.perf_counter()

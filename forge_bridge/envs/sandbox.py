@@ -86,11 +86,10 @@ def bwrap_problem() -> str | None:
     if os.geteuid() == 0 and shutil.which("setpriv") is None:
         return "the trainer runs as root and util-linux's setpriv, needed to drop to an unprivileged user, is missing"
     with tempfile.TemporaryDirectory(prefix="forge-bwrap-probe-") as probe_dir:
-        if os.geteuid() == 0:
-            os.chown(probe_dir, SANDBOX_UID, SANDBOX_GID)
+        hand_over(Path(probe_dir), recursive=False)
         argv = [*privilege_drop_prefix(), *bwrap_argv(Path(probe_dir), network=False, tmp_mb=1), "true"]
         try:
-            probe = subprocess.run(argv, capture_output=True, timeout=30, env=sandbox_environment())
+            probe = subprocess.run(argv, capture_output=True, timeout=30, env=command_environment())
         except (OSError, subprocess.SubprocessError) as exc:
             return f"bwrap could not start ({exc})"
     if probe.returncode != 0:
@@ -141,21 +140,23 @@ def check_reachable(workdir: Path) -> None:
                 f"(the default, the system's temporary folder, is one; or chmod o+x {parent})")
 
 
-def hand_over(path: Path) -> None:
-    """Give `path` (and what is under it) to the sandbox user, so a command can change what the
-    trainer wrote there. A no-op unless the trainer is root (otherwise both are the same user)."""
+def hand_over(path: Path, recursive: bool = True) -> None:
+    """Give `path` (and, `recursive`, what is under it) to the sandbox user, so a command can
+    change what the trainer wrote there. A no-op unless the trainer is root (otherwise both are
+    the same user)."""
     if os.geteuid() != 0:
         return
     os.chown(path, SANDBOX_UID, SANDBOX_GID, follow_symlinks=False)
-    if path.is_dir() and not path.is_symlink():
+    if recursive and path.is_dir() and not path.is_symlink():
         for root, dirs, files in os.walk(path):
             for name in dirs + files:
                 os.chown(os.path.join(root, name), SANDBOX_UID, SANDBOX_GID, follow_symlinks=False)
 
 
-def sandbox_environment() -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": SANDBOX_WORKDIR, "TMPDIR": "/tmp",
-            "USER": "sandbox", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+def command_environment(home: str = SANDBOX_WORKDIR, tmp: str = "/tmp") -> dict[str, str]:
+    """Only what a command needs: no secrets or tokens inherited from the trainer's process."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": tmp, "USER": "sandbox",
+            "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
 def bwrap_argv(workdir: Path, *, network: bool, tmp_mb: int) -> list[str]:

@@ -23,9 +23,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from forge_bridge.core.errors import WrongType
+from forge_bridge.core.errors import InvalidArgument, WrongType
 from forge_bridge.envs.confined import CommandLimits, run_confined
-from forge_bridge.envs.sandbox import SANDBOX_WORKDIR, hand_over, require_sandbox
+from forge_bridge.envs.sandbox import SANDBOX_WORKDIR, check_reachable, hand_over, require_sandbox
 from forge_bridge.envs.tool import ToolEnvironment, ToolError, ToolTask, function_schema
 
 
@@ -60,6 +60,12 @@ class TerminalEnvironment(ToolEnvironment):
     def begin(self, task: ToolTask) -> None:
         self._remove_workdir()
         self.workdir = Path(tempfile.mkdtemp(prefix="forge-terminal-", dir=self.root)).resolve()
+        if self.sandbox == "bwrap":
+            try:  # refuse the episode now, not every command in it
+                check_reachable(self.workdir)
+            except InvalidArgument:
+                self._remove_workdir()
+                raise
         self.commands = []
         self._handed_over = False  # the task's setup may write files next
 

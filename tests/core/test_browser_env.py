@@ -10,7 +10,7 @@ import pytest
 
 import forge_bridge as fb
 from forge_bridge.app.tasks.shop import BY_SKU, CATALOGUE, KINDS, ShopSite, make_shop_splits, make_task
-from forge_bridge.core.errors import InvalidArgument
+from forge_bridge.core.errors import InvalidArgument, InvalidState
 from forge_bridge.core.types import Action, ToolCall
 from forge_bridge.envs.browser import BrowserEnvironment, BrowserUnavailable
 from forge_bridge.envs.harness import HarnessAgent
@@ -84,6 +84,28 @@ def test_leaving_the_allowed_origins_is_an_error_observation(env, tool, args, re
     assert outcome["status"] == "error" and "refused" in outcome["content"] and refused in outcome["content"]
     assert env.refused and env.url.startswith(env.site.url)  # still on the site
     assert act(env, "read")["status"] == "success"  # and the episode goes on
+
+
+def test_a_page_cannot_open_a_websocket_or_fetch_off_the_site(env):
+    env.reset(make_task("price", MUG, RED))
+    state = env._call(lambda: env._page.evaluate("""async () => {
+        const ws = new WebSocket('ws://203.0.113.7:9/');
+        const closed = await new Promise(done => { ws.onclose = () => done('closed'); ws.onopen = () => done('open'); });
+        let fetched = 'fetched';
+        try { await fetch('http://203.0.113.7:9/x'); } catch (e) { fetched = 'blocked'; }
+        return [closed, fetched];
+    }"""))
+    assert state == ["closed", "blocked"]
+    assert any(r.startswith("websocket to ws://203.0.113.7:9") for r in env.refused)
+    assert any(r.startswith("request to http://203.0.113.7:9/x") for r in env.refused)
+
+
+def test_a_closed_environment_says_so():
+    closed = BrowserEnvironment(ShopSite())
+    closed.close()
+    with pytest.raises(InvalidState, match="closed"):
+        closed.read()
+    closed.close()  # twice is fine
 
 
 def test_faults_are_error_observations_not_crashes(env):
@@ -166,6 +188,16 @@ def test_the_splits_hold_out_whole_products():
     assert len(held) == 4 * len(KINDS) and len(train) == (len(CATALOGUE) - 4) * len(KINDS)
     assert not products(train) & products(held)
     assert make_shop_splits(seed=0)[1][0].id == held[0].id and make_shop_splits(seed=1)[1] != held
+    with pytest.raises(InvalidArgument, match="held_out_products"):
+        make_shop_splits(held_out_products=1)  # a remove task would have no second product
+
+
+def test_a_price_answer_must_be_one_number_the_right_one(env):
+    task = make_task("price", MUG, RED)
+    for answer, reward in [("It costs $8.", 1.0), ("8 dollars", 1.0), ("It costs 8.00", 1.0),
+                           (" ".join(str(i) for i in range(1, 41)), 0.0), ("$9", 0.0), ("cheap", 0.0)]:
+        env.reset(task)
+        assert env.step(Action(content=answer)).reward == reward, answer
 
 
 def test_a_harness_episode_in_the_browser_is_recorded_with_token_ids(tmp_path):

@@ -6,6 +6,7 @@ tests/e2e/test_inspect.py.)"""
 import html
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -145,3 +146,32 @@ def test_the_command_serves_a_run_folder_on_loopback(run_folder):
     missing = subprocess.run([sys.executable, "-m", "forge_bridge.app.cli", "inspect", str(folder / "nope")],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode != 0 and "no trajectory store" in missing.stderr
+
+
+def test_hostile_ids_are_escaped_and_foreign_hosts_refused(tmp_path):
+    import http.client
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    hostile = "x'><img src=x onerror=alert(1)>"
+    with TrajectoryStore(folder / "trajectories.db") as store:
+        for run in ("<script>alert(2)</script>", "eval-a"):
+            t = Trajectory(id=hostile + run[:3], task_id="t#1", group_id="g#1?&", run_id=run,
+                           transitions=[step([1], [2], content="<b>model text</b>")])
+            store.begin(t)
+            store.finish(t.id, "terminated", reward=1.0)
+    with Inspector(folder) as inspector:
+        port = int(inspector.url.rsplit(":", 1)[1])
+        for path in ("/trajectories", "/group/g%231%3F%26", "/compare?task=t%231",
+                     "/trajectory/" + urllib.parse.quote(hostile + "<sc", safe="")):
+            with urllib.request.urlopen(inspector.url + path) as r:
+                page = r.read().decode()
+                assert r.status == 200 and "default-src 'none'" in r.headers["Content-Security-Policy"]
+            assert "<img" not in page and "<script>" not in page and "<b>model" not in page, path
+        assert "&lt;script&gt;" in page or "&lt;b&gt;model" in page
+        # a page on another site whose name was rebound to 127.0.0.1 sends its own Host: refused
+        conn = http.client.HTTPConnection("127.0.0.1", port)
+        conn.request("GET", "/trajectories", headers={"Host": f"evil.example:{port}"})
+        answer = conn.getresponse()
+        assert answer.status == 421 and b"t#1" not in answer.read()  # nothing of the run in the answer
+        conn.close()

@@ -123,7 +123,7 @@ def test_the_command_sees_only_its_own_processes_and_has_no_privileges(workdir):
     result = run(["sh", "-c", "ls /proc | grep -c '^[0-9]'; id -u; grep CapEff /proc/self/status; "
                               "mount -o remount,rw /usr; unshare -r true"], workdir)
     count, uid, caps = result.stdout.split("\n")[:3]
-    assert int(count) < 10 and os.getpid() > 0
+    assert int(count) < 10  # the trainer's machine runs hundreds; the sandbox sees sh, ls and its init
     assert uid == "65534" and caps.split()[-1] == "0000000000000000"
     assert "must be superuser" in result.stderr or "Permission denied" in result.stderr
     assert "unshare failed" in result.stderr or "Operation not permitted" in result.stderr
@@ -185,3 +185,7 @@ def test_bad_sandbox_names_and_unreachable_workdirs_are_clear_errors(tmp_path):
     if os.geteuid() == 0:  # pytest's tmp_path is closed to other users: the sandbox user cannot bind it
         with pytest.raises(InvalidArgument, match="cannot reach it"):
             run(["true"], tmp_path / "")
+        with TerminalEnvironment(root=str(tmp_path)) as env:  # refused at reset, not command by command
+            with pytest.raises(InvalidArgument, match="cannot reach it"):
+                env.reset(ToolTask("t", "p", check=lambda answer, env: True))
+            assert list(tmp_path.iterdir()) == []

@@ -71,12 +71,13 @@ def test_each_episode_gets_a_fresh_working_directory_removed_at_the_end():
 ])
 @pytest.mark.filterwarnings("ignore:sandbox='none'")
 def test_paths_outside_the_working_directory_are_refused_and_recorded(sandbox, args, tmp_path):
-    with TerminalEnvironment(sandbox=sandbox, root=str(tmp_path)) as env:
+    # the sandbox user must reach the working directory: under the system's temporary folder then
+    with TerminalEnvironment(sandbox=sandbox, root=str(tmp_path) if sandbox == "none" else None) as env:
         env.reset(greeting_task())
         name = args.pop("name")
         outcome = result_of(env, call(name, **args))
         assert outcome["status"] == "error" and "outside the working directory" in outcome["error"]
-        assert not (tmp_path / "escaped.txt").exists()
+        assert not (env.workdir.parent / "escaped.txt").exists()
         assert "exit_code" not in outcome  # refused before anything ran
 
 

@@ -8,13 +8,12 @@ import json
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 import forge_bridge as fb
-from forge_bridge.app.inspector.data import Filters
+from forge_bridge.app.inspector.data import Filters, RunView
 from forge_bridge.app.inspector.server import Inspector
 from forge_bridge.core.store import TrajectoryStore
 from forge_bridge.core.types import TrajectoryGroup
@@ -37,9 +36,9 @@ def chromium():
 def recomputed_advantages(store_path: Path, run_id: str, iteration: int, config: fb.GRPOConfig) -> dict:
     """What `grpo_advantages` gives the groups the trainer trained on in `iteration` (those with
     credit rows), keyed (trajectory id, step)."""
+    trained = {tid for (tid,) in RunView(store=store_path).query(
+        "SELECT DISTINCT trajectory_id FROM credit WHERE iteration = ?", (iteration,))}
     with TrajectoryStore(store_path) as store:
-        trained = {tid for (tid,) in store._db.execute(
-            "SELECT DISTINCT trajectory_id FROM credit WHERE iteration = ?", (iteration,))}
         groups: dict[tuple, TrajectoryGroup] = {}
         for t in store.trajectories(run_id=run_id):
             if t.id in trained:
@@ -142,7 +141,7 @@ def test_while_a_run_trains_the_step_view_shows_its_tool_results_untrained_and_i
         assert final == 3 * 8 and len(seen) > 3 and seen[0] < final and seen == sorted(seen)
 
         run_id = json.loads((out / "run.json").read_text())["run_id"]
-        credit = {tid: (it, adv) for tid, it, adv in TrajectoryStore(out / "trajectories.db")._db.execute(
+        credit = {tid: (it, adv) for tid, it, adv in inspector.view.query(
             "SELECT trajectory_id, iteration, advantage FROM credit WHERE step = 1")}
         chosen = next(tid for tid, (it, adv) in credit.items() if adv)  # a step with a non-zero advantage
         iteration = credit[chosen][0]
@@ -154,7 +153,8 @@ def test_while_a_run_trains_the_step_view_shows_its_tool_results_untrained_and_i
         for k in range(2):
             assert float(sections.nth(k).get_attribute("data-advantage")) == pytest.approx(expected[(chosen, k)], abs=1e-6)
             trained = sections.nth(k).locator(".tokens span[data-trained='1']").count()
-            assert trained == int(sections.nth(k).get_attribute("data-trained-tokens")) > 0
+            # nothing is cut at this length and the group was trained: every completion token
+            assert trained == len(steps[k].data["completion_token_ids"]) > 0
         (result,) = steps[0].data["info"]["tool_results"].values()
         masked = "".join(sections.nth(1).locator(".tokens span[data-trained='0']").all_inner_texts())
         assert str(result["content"]) in masked and "tool_response" in masked  # the tool's answer: not trained

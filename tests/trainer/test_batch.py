@@ -68,3 +68,11 @@ def test_trained_tokens_per_step_follow_merging_and_the_length_cut():
     assert trained_tokens_per_step(cut) == {(traj.id, 0): 2, (traj.id, 1): 1, (traj.id, 2): 1}
     gone, _ = build_samples([traj], [torch.tensor([1.0, 2.0, 3.0])], 5, merge=True)  # step 1's completion cut away
     assert trained_tokens_per_step(gone) == {(traj.id, 0): 2, (traj.id, 1): 0, (traj.id, 2): 1}
+
+
+def test_trained_tokens_stay_with_their_step_when_merged_steps_touch():
+    # the next prompt is exactly the previous prompt + completion: no gap between the two completions
+    traj = Trajectory(transitions=[step([1, 2], [3, 4]), step([1, 2, 3, 4], [5, 6]), step([1, 2, 3, 4, 5, 6, 7], [8])])
+    samples, _ = build_samples([traj], [torch.tensor([1.0, 2.0, 3.0])], 64, merge=True)
+    assert len(samples) == 1 and samples[0].loss_mask == [0, 0, 1, 1, 1, 1, 0, 1]
+    assert trained_tokens_per_step(samples) == {(traj.id, 0): 2, (traj.id, 1): 2, (traj.id, 2): 1}

@@ -7,7 +7,6 @@ trajectories is never loaded whole.
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,13 +100,12 @@ class RunView:
             raise NotFound(f"no trajectory store at {self.store_path} (a run folder holds trajectories.db; "
                            "--store points at one elsewhere)")
         self._tokenizer: Any = None
-        with self.connect() as db:  # fail now, clearly, on something that is not our store
-            try:
-                db.execute("SELECT 1 FROM trajectories LIMIT 1").fetchall()
-            except sqlite3.DatabaseError as exc:
-                raise StoreError(f"{self.store_path} is not a forge-bridge trajectory store: {exc}") from None
-            # a store written before the trainer recorded credit has no such table (read-only: not added)
-            self.has_credit = bool(db.execute("SELECT 1 FROM sqlite_master WHERE name = 'credit'").fetchall())
+        try:  # fail now, clearly, on something that is not our store
+            self.query("SELECT 1 FROM trajectories LIMIT 1")
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.store_path} is not a forge-bridge trajectory store: {exc}") from None
+        # a store written before the trainer recorded credit has no such table (read-only: not added)
+        self.has_credit = bool(self.query("SELECT 1 FROM sqlite_master WHERE name = 'credit'"))
 
     def connect(self) -> sqlite3.Connection:
         """A read-only connection (SQLite's mode=ro: it never writes, and reads in WAL mode while
@@ -133,9 +131,11 @@ class RunView:
         out = []
         for line in path.read_text().splitlines():
             try:
-                out.append(json.loads(line))
+                item = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            if isinstance(item, dict) and isinstance(item.get("iteration"), int):
+                out.append(item)
         return out
 
     def results(self) -> dict | None:
@@ -179,8 +179,10 @@ class RunView:
 
     def training_run_id(self) -> str | None:
         path = self.folder / "run.json" if self.folder else None
-        if path is not None and path.is_file():
+        try:
             return str(json.loads(path.read_text())["run_id"])
+        except (AttributeError, OSError, json.JSONDecodeError, KeyError, TypeError):
+            pass  # no run.json (a bare store) or an unreadable one: the newest training rollout says
         rows = self.query(f"SELECT run_id FROM trajectories WHERE {_ITERATION} IS NOT NULL "
                           "ORDER BY created_at DESC LIMIT 1")
         return rows[0][0] if rows else None
@@ -262,12 +264,11 @@ class RunView:
         if self.folder is None:
             return None
         candidates = [self.folder / "tokenizer" / "tokenizer.json"]
-        config = self.folder / "config.json"
-        if config.is_file():
+        for name in ("trainer.json", "config.json"):  # the trainer's record, the demo's settings
             try:
-                model = json.loads(config.read_text()).get("model")
-            except (json.JSONDecodeError, AttributeError):
-                model = None
+                model = json.loads((self.folder / name).read_text()).get("model")
+            except (OSError, json.JSONDecodeError, AttributeError):
+                continue
             if isinstance(model, str):
                 from forge_bridge.policies import models
 
@@ -300,10 +301,6 @@ def first_divergence(steps_per_rollout: list[list[Step]]) -> int | None:
         if len(seen) > 1:
             return k
     return None
-
-
-def finite_or_none(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
 __all__ = ["Filters", "RunView", "Step", "first_divergence"]

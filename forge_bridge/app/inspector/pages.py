@@ -12,7 +12,7 @@ import urllib.parse
 from typing import Any
 
 from forge_bridge.app.inspector.charts import line_chart
-from forge_bridge.app.inspector.data import SORTS, Filters, RunView, Step, first_divergence
+from forge_bridge.app.inspector.data import Filters, RunView, Step, first_divergence
 
 CURVES = (("reward", ("reward_mean",)), ("success rate", ("success_rate",)), ("KL to the reference", ("kl",)),
           ("clip fraction", ("clip_fraction",)), ("entropy", ("entropy",)), ("trained tokens / s", ("tokens_per_s",)))
@@ -47,9 +47,14 @@ def layout(title: str, body: str) -> str:
             f"{body}</main></body></html>")
 
 
-def link(path: str, **query: Any) -> str:
+def link(path: str, item: str = "", **query: Any) -> str:
+    """An href: `path` + the URL-quoted `item` (an id may hold '#', '?', '/') + the query."""
     q = urllib.parse.urlencode({k: v for k, v in query.items() if v not in ("", None)})
-    return html.escape(path + (f"?{q}" if q else ""))
+    return html.escape(path + urllib.parse.quote(item, safe="") + (f"?{q}" if q else ""), quote=True)
+
+
+def esc(x: Any) -> str:
+    return html.escape(str(x), quote=True)
 
 
 def fmt(x: Any, digits: int = 3) -> str:
@@ -118,9 +123,9 @@ def trajectories(view: RunView, f: Filters) -> str:
     rows = []
     for t in items:
         cls = "bad" if t["status"] != "complete" or (t["reward"] or 0) < 1 else ""
-        group = (f"<a href='{link('/group/' + t['group'])}'>{html.escape(t['group'][-24:])}</a>" if t["group"] else "–")
-        rows.append(f"<tr class='{cls}' data-id='{t['id']}'><td>{html.escape(str(t['run']))}</td><td>{fmt(t['iteration'])}"
-                    f"</td><td><a href='{link('/trajectory/' + t['id'])}'>{html.escape(str(t['task']))}</a></td>"
+        group = (f"<a href='{link('/group/', t['group'])}'>{html.escape(t['group'][-24:])}</a>" if t["group"] else "–")
+        rows.append(f"<tr class='{cls}' data-id='{esc(t['id'])}'><td>{html.escape(str(t['run']))}</td><td>{fmt(t['iteration'])}"
+                    f"</td><td><a href='{link('/trajectory/', t['id'])}'>{html.escape(str(t['task']))}</a></td>"
                     f"<td>{fmt(t['kind'])}</td><td>{group}</td><td>{fmt(t['status'])}</td><td>{fmt(t['end_reason'])}"
                     f"{' (excluded)' if t['excluded'] else ''}</td><td>{fmt(t['reward'])}</td><td>{t['steps']}</td>"
                     f"<td>{fmt(t['adapter'])}</td></tr>")
@@ -181,14 +186,14 @@ def trajectory(view: RunView, trajectory_id: str, colouring: str = "logprob") ->
     info, steps = view.trajectory(trajectory_id)
     colouring = colouring if colouring in COLOURINGS else "logprob"
     scale = max([abs(s.advantage) for s in steps if s.advantage is not None] or [1.0]) or 1.0
-    modes = " ".join(f"<a href='{link('/trajectory/' + trajectory_id, colour=c)}'>{'<b>' + c + '</b>' if c == colouring else c}</a>"
+    modes = " ".join(f"<a href='{link('/trajectory/', trajectory_id, colour=c)}'>{'<b>' + c + '</b>' if c == colouring else c}</a>"
                      for c in COLOURINGS)
     legend = {"logprob": "<span style='background:hsl(0,70%,82%)'>unlikely</span><span style='background:hsl(120,70%,82%)'>"
                          "likely</span>",
               "trained": "<span style='background:#bbdefb'>trained</span><span style='background:#e0e0e0'>not trained</span>",
               "advantage": "<span style='background:rgba(46,125,50,.8)'>positive</span><span style='background:"
                            "rgba(198,40,40,.8)'>negative</span><span style='background:#e0e0e0'>not trained</span>"}
-    group = (f"<a href='{link('/group/' + info['group'])}'>{html.escape(info['group'])}</a>" if info["group"] else "–")
+    group = (f"<a href='{link('/group/', info['group'])}'>{html.escape(info['group'])}</a>" if info["group"] else "–")
     head = (f"<table><tr><th>task</th><td>{html.escape(str(info['task']))}</td><th>run</th><td>{html.escape(str(info['run']))}"
             f"</td></tr><tr><th>status</th><td>{fmt(info['status'])} ({fmt(info['end_reason'])}{': ' + html.escape(info['end_detail']) if info['end_detail'] else ''})"
             f"</td><th>reward</th><td id='reward'>{fmt(info['reward'])}</td></tr><tr><th>group</th><td>{group}</td>"
@@ -243,8 +248,8 @@ def group(view: RunView, group_id: str) -> str:
                          f"<span class='advantage'>{fmt(step.advantage, 4)}</span> · reward {fmt(step.data.get('reward'))}"
                          f"<div class='msg assistant'>{html.escape((action.get('content') or '') + (' ' + calls if calls else ''))}"
                          "</div></div>")
-        columns.append(f"<div class='rollout' data-id='{info['id']}'><h2><a href='{link('/trajectory/' + info['id'])}'>"
-                       f"{info['id'][:10]}</a> · return {fmt(info['reward'])} · {fmt(info['status'])}</h2>{''.join(cells)}</div>")
+        columns.append(f"<div class='rollout' data-id='{esc(info['id'])}'><h2><a href='{link('/trajectory/', info['id'])}'>"
+                       f"{esc(info['id'][:10])}</a> · return {fmt(info['reward'])} · {fmt(info['status'])}</h2>{''.join(cells)}</div>")
     note = (f"<p id='divergence'>The rollouts first differ at step {split} (highlighted).</p>" if split is not None
             else "<p id='divergence'>The rollouts acted identically throughout.</p>")
     return layout(f"Group {group_id}", note + f"<div class='cols'>{''.join(columns)}</div>")
@@ -274,11 +279,12 @@ def compare(view: RunView, task: str = "", a: str = "", b: str = "") -> str:
         return layout("Compare adapter versions", form + "<p>Pick a task answered in more than one evaluation.</p>")
     answers = view.answers_to(task)
     rows = "".join(f"<tr><td>{html.escape(run)}</td><td>{fmt(adapter)}</td><td>{fmt(reward)}</td><td>"
-                   f"<a href='{link('/trajectory/' + tid)}'>{tid[:10]}</a></td></tr>" for tid, run, adapter, reward in answers)
+                   f"<a href='{link('/trajectory/', tid)}'>{esc(tid[:10])}</a></td></tr>" for tid, run, adapter, reward in answers)
     ids = [t[0] for t in answers]
     a = a if a in ids else (ids[0] if ids else "")
     b = b if b in ids else (ids[-1] if ids else "")
-    label = {tid: f"{run} ({adapter or 'base model'}): reward {fmt(reward)}" for tid, run, adapter, reward in answers}
+    # HtmlDiff writes its labels as they are: escape them here
+    label = {tid: esc(f"{run} ({adapter or 'base model'}): reward {fmt(reward)}") for tid, run, adapter, reward in answers}
     diff = ""
     if a and b:
         diff = difflib.HtmlDiff(wrapcolumn=70).make_table(_transcript(view, a), _transcript(view, b),

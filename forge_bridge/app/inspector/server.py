@@ -7,6 +7,7 @@ import html
 import threading
 import traceback
 import urllib.parse
+import warnings
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,10 @@ class Inspector:
     def __init__(self, folder: str | Path | None = None, *, store: str | Path | None = None,
                  host: str = "127.0.0.1", port: int = 0) -> None:
         self.view = RunView(folder, store=store)
-        view = self.view
+        view, inspector = self.view, self
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            warnings.warn(f"inspect: serving on {host}, not loopback: anyone who can reach it reads every "
+                          "trajectory of this run (there is no login)", RuntimeWarning, stacklevel=2)
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
@@ -50,14 +54,23 @@ class Inspector:
 
             def do_GET(self) -> None:
                 url = urllib.parse.urlsplit(self.path)
-                try:
-                    status, page = route(view, urllib.parse.unquote(url.path), dict(urllib.parse.parse_qsl(url.query)))
-                except Exception:  # a page bug: show it, keep serving
-                    status, page = 500, pages.layout("Error", f"<pre>{html.escape(traceback.format_exc())}</pre>")
+                if not inspector.host_allowed(self.headers.get("Host", "")):
+                    # another site's page, its name rebound to 127.0.0.1, would read the run: refuse
+                    status, page = 421, pages.layout("Refused", "<p>Unknown Host header.</p>")
+                else:
+                    try:
+                        status, page = route(view, urllib.parse.unquote(url.path),
+                                             dict(urllib.parse.parse_qsl(url.query)))
+                    except Exception:  # a page bug: show it, keep serving
+                        status, page = 500, pages.layout("Error", f"<pre>{html.escape(traceback.format_exc())}</pre>")
                 body = page.encode("utf-8")
                 self.send_response(status)
                 self.send_header("Content-Type", "text/html; charset=utf-8")
                 self.send_header("Content-Length", str(len(body)))
+                # the pages run no script and load nothing: a text that slipped through cannot either
+                self.send_header("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; "
+                                 "img-src 'self'; form-action 'self'; frame-ancestors 'none'")
+                self.send_header("X-Content-Type-Options", "nosniff")
                 self.end_headers()
                 self.wfile.write(body)
 
@@ -66,6 +79,14 @@ class Inspector:
         self.host = host
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True, name="inspector")
         self._thread.start()
+
+    def host_allowed(self, header: str) -> bool:
+        """The Host a browser sends must name this server: loopback (or the address it was
+        bound to) and its port. Anything else is a DNS-rebinding page and is refused."""
+        if self._server is None:
+            return False
+        port = self._server.server_address[1]
+        return header in {f"{name}:{port}" for name in ("127.0.0.1", "localhost", "[::1]", self.host)}
 
     @property
     def url(self) -> str:

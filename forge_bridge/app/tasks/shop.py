@@ -126,10 +126,10 @@ class ShopSite:
                     if lines else "<h1>Cart</h1><p>Your cart is empty.</p>")
             return 200, _layout("Cart", body, self.cart)
         if path.startswith("/order/"):
-            try:
-                order = self.orders[int(path.removeprefix("/order/")) - 1]
-            except (ValueError, IndexError):
+            number = path.removeprefix("/order/")
+            if not number.isdigit() or not 1 <= int(number) <= len(self.orders):
                 return 404, _layout("Not found", "<p>No such order.</p>", self.cart)
+            order = self.orders[int(number) - 1]
             items = "".join(f"<li>{html.escape(BY_SKU[s].name)} x {q}</li>" for s, q in order.items())
             return 200, _layout("Order placed", f"<h1>Thank you! Order placed.</h1><ul>{items}</ul>", self.cart)
         return 404, _layout("Not found", "<p>No such page.</p>", self.cart)
@@ -162,7 +162,7 @@ _SEARCH_FORM = ('<form action="/search" method="get"><input name="q" aria-label=
 
 
 def _layout(title: str, body: str, cart: dict[str, int]) -> str:
-    count = sum(cart.values())
+    count = sum(dict(cart).values())  # a copy: a POST may be changing the cart
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body>"
             f'<nav><a href="/">Home</a> <a href="/cart">Cart ({count})</a></nav><main>{body}</main>'
             '<footer><a href="https://help.example.com/shop">Help centre</a> '
@@ -224,9 +224,9 @@ def _ordered(expected: dict[str, int]):
 
 
 def _answered_price(price: int):
-    def check(answer: str, env: Any) -> bool:
-        numbers = [float(x) for x in re.findall(r"\d+(?:\.\d+)?", answer)]
-        return price in numbers
+    def check(answer: str, env: Any) -> bool:  # one price, the right one (not a list of guesses)
+        numbers = {float(x) for x in re.findall(r"\d+(?:\.\d+)?", answer)}
+        return numbers == {float(price)}
 
     return check
 
@@ -258,8 +258,9 @@ def make_task(kind: str, product: Product, other: Product, quantity: int = 1) ->
 
 def make_shop_splits(seed: int = 0, held_out_products: int = 4) -> tuple[list[ToolTask], list[ToolTask]]:
     """(train, held-out) tasks of every kind; the held-out ones name products training never saw."""
-    if not 1 <= held_out_products < len(CATALOGUE) - 1:
-        raise InvalidArgument(f"held_out_products: expected 1..{len(CATALOGUE) - 2}, got {held_out_products!r}")
+    # at least 2 on each side: a `remove` task needs a second product in its cart
+    if not 2 <= held_out_products <= len(CATALOGUE) - 2:
+        raise InvalidArgument(f"held_out_products: expected 2..{len(CATALOGUE) - 2}, got {held_out_products!r}")
     rng = random.Random(seed)
     products = list(CATALOGUE)
     rng.shuffle(products)
