@@ -1,7 +1,7 @@
 """The runner GRPO and PPO share: rollouts -> advantages -> update -> publish -> log.
 
 Each iteration collects `group_size` rollouts of each chosen task through the user's own
-rollout function (`rollouts.collect`), has the algorithm turn them into samples (`prepare`:
+rollout function (`rollouts.collect`; on threads, or on Ray workers with `RayRollouts`), has the algorithm turn them into samples (`prepare`:
 its advantage function, then `batch.build_samples`), takes the optimizer steps (`update`),
 saves adapter vN atomically and publishes it to the live policy, logs metrics and writes a
 checkpoint. A run killed at any point resumes from its last checkpoint with `resume=True`;
@@ -139,7 +139,7 @@ class Trainer:
         return loss, stats
 
     # ------------------------------------------------------------------ the loop
-    def train(self, rollout: Rollout, tasks: Sequence[Any] | TaskSchedule,
+    def train(self, rollout: Rollout | rollouts.EpisodeRunner, tasks: Sequence[Any] | TaskSchedule,
               iterations: int, *, resume: bool = False) -> list[dict]:
         """Run iterations until `iterations` in all have been done (counting resumed ones).
 
@@ -148,8 +148,9 @@ class Trainer:
         or one task of each kind so no kind is starved)."""
         from tqdm.auto import tqdm
 
-        if not callable(rollout):
-            raise WrongType(f"rollout: expected a function task -> reward, got {type(rollout).__name__}")
+        if not callable(rollout) and not isinstance(rollout, rollouts.EpisodeRunner):
+            raise WrongType(f"rollout: expected a function task -> reward (or an EpisodeRunner such as "
+                            f"RayRollouts), got {type(rollout).__name__}")
         if not callable(tasks):
             tasks = list(tasks)
             if not tasks:
@@ -182,13 +183,14 @@ class Trainer:
                             success=f"{metrics['success_rate']:.2f}")
         return self.history
 
-    def collect(self, rollout: Rollout, tasks: list[tuple[str, Any]], it: int
+    def collect(self, rollout: Rollout | rollouts.EpisodeRunner, tasks: list[tuple[str, Any]], it: int
                 ) -> tuple[list[TrajectoryGroup], dict]:
-        """Iteration `it`'s rollouts of these (task id, task) pairs, as trainable groups."""
+        """Iteration `it`'s rollouts of these (task id, task) pairs, as trainable groups: on
+        threads here, or on the runner's workers (which reach the policy this trainer publishes to)."""
         return rollouts.collect(rollout, tasks, it, recorder=self.recorder, run_id=self.run_id,
                                 group_size=self.config.group_size, concurrency=self.config.concurrency,
                                 success_threshold=self.config.success_threshold,
-                                progress=self.config.progress)
+                                progress=self.config.progress, policy=self.policy)
 
     def autocast(self):
         """The precision context of forward passes (bf16 autocast where the CPU has it)."""

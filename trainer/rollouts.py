@@ -2,7 +2,8 @@
 read back as the `TrajectoryGroup`s the algorithms train on.
 
 Each task is run `group_size` times concurrently, each run inside an episode the collector opens
-(so every model call the agent makes is recorded into it). Exactly those episodes are read back:
+(so every model call the agent makes is recorded into it): on a thread pool here, or by an
+`EpisodeRunner` elsewhere (Ray workers), which streams each episode into the same store. Exactly those episodes are read back:
 an interrupted earlier attempt of the same iteration never mixes in. What is trained on is
 decided by each trajectory's typed end reason (`Trajectory.trainable`): terminated, truncated
 and the policy's own faults are (reward 0 when unscored); outages, crashes and unfinished
@@ -14,7 +15,8 @@ from __future__ import annotations
 import math
 import random
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from forge_bridge.core.episode import Recorder
 from forge_bridge.core.errors import InvalidArgument
@@ -59,55 +61,113 @@ def tasks_for(it: int, tasks: list | TaskSchedule, per_iteration: int | None, se
     return random.Random(seed * 100_003 + it).sample(indexed, per_iteration)
 
 
-def collect(rollout: Rollout, tasks: list[tuple[str, Any]], it: int, *, recorder: Recorder,
-            run_id: str, group_size: int, concurrency: int, success_threshold: float = 1.0,
-            progress: bool = True) -> tuple[list[TrajectoryGroup], dict]:
-    """Run iteration `it`'s rollouts; returns its trainable groups (one per task and role) and
-    statistics (episodes by end reason, mean reward, success rate)."""
+@dataclass(frozen=True)
+class Job:
+    """One rollout to run: a task, the group it belongs to, and its episode's metadata."""
+
+    task_id: str
+    task: Any
+    group_id: str
+    metadata: dict
+
+
+@dataclass
+class Outcome:
+    """How one job went: the trajectories it opened (a crew's roles included), and the reward
+    function's bug, the agent's crash, or the loss of the worker that ran it, if any."""
+
+    opened: list[str] = field(default_factory=list)
+    bad_reward: str | None = None
+    crash: str | None = None
+    lost: str | None = None
+
+
+@runtime_checkable
+class EpisodeRunner(Protocol):
+    """Runs jobs somewhere else (Ray workers: `forge_bridge.scale.RayRollouts`), each in an
+    episode recorded into `recorder`'s store, complete and exactly once."""
+
+    def run_episodes(self, jobs: list[Job], *, policy: Any, recorder: Recorder, run_id: str,
+                     desc: str, progress: bool) -> list[Outcome]: ...
+
+
+def episode_metadata(task: Any, it: int) -> dict:
+    """What every episode of iteration `it` is tagged with: the iteration, and the task's kind."""
+    kind = task.get("kind") if isinstance(task, dict) else getattr(task, "kind", None)
+    return {"iteration": it + 1, **({"kind": str(kind)} if isinstance(kind, (str, int)) else {})}
+
+
+def run_episode(rollout: Rollout, job: Job, recorder: Recorder, run_id: str) -> Outcome:
+    """Run the agent on one task inside an episode it opens; the episode records every model
+    call and ends with the reward, or with how the rollout failed."""
+    outcome = Outcome()
+    ep = recorder.episode(job.task_id, job.group_id, run_id=run_id, metadata=job.metadata)
+    try:
+        with ep:
+            value = rollout(job.task)
+            try:
+                ep.reward(check_reward(value))
+            except ValueError as exc:
+                raise RolloutError(f"task {job.task_id!r}: {exc}") from None
+    except RolloutError as exc:  # recorded as crashed (above); reported after the iteration
+        outcome.bad_reward = str(exc)
+    except Exception as exc:  # recorded with its end reason by the episode
+        if ep.end_reason == "crashed":
+            outcome.crash = f"task {job.task_id!r}: the rollout raised {type(exc).__name__}: {exc}"
+    finally:  # a crew's steps live in its roles' trajectories
+        outcome.opened = [child.id for child in ep.children.values()] or [ep.id]
+    return outcome
+
+
+def run_threaded(rollout: Rollout, jobs: list[Job], *, recorder: Recorder, run_id: str,
+                 concurrency: int, desc: str, progress: bool) -> list[Outcome]:
+    """The jobs on a thread pool in this process, all on the same agent object."""
     from tqdm.auto import tqdm
 
-    jobs = [(tid, task, f"{run_id}-it{it + 1}-{tid}") for tid, task in tasks for _ in range(group_size)]
-    bad_rewards: list[str] = []  # the reward function's bugs: always reported
-    crashes: list[str] = []  # the agent crashed on a task: skipped, unless every rollout did
-    opened: list[str] = []  # trajectory ids, a crew's roles included
-
-    def one(tid: str, task: Any, group: str) -> None:
-        kind = task.get("kind") if isinstance(task, dict) else getattr(task, "kind", None)
-        metadata = {"iteration": it + 1, **({"kind": str(kind)} if isinstance(kind, (str, int)) else {})}
-        ep = recorder.episode(tid, group, run_id=run_id, metadata=metadata)
-        try:
-            with ep:
-                value = rollout(task)
-                try:
-                    ep.reward(check_reward(value))
-                except ValueError as exc:
-                    raise RolloutError(f"task {tid!r}: {exc}") from None
-        except RolloutError as exc:  # recorded as crashed (above); reported after the iteration
-            bad_rewards.append(str(exc))
-        except Exception as exc:  # recorded with its end reason by the episode
-            if ep.end_reason == "crashed":
-                crashes.append(f"task {tid!r}: the rollout raised {type(exc).__name__}: {exc}")
-        finally:  # a crew's steps live in its roles' trajectories
-            opened.extend([child.id for child in ep.children.values()] or [ep.id])
-
     with ThreadPoolExecutor(concurrency) as pool:
-        futures = [pool.submit(one, *job) for job in jobs]
-        for f in tqdm(as_completed(futures), total=len(futures), desc=f"rollouts {it + 1}",
-                      leave=False, disable=not progress):
+        futures = [pool.submit(run_episode, rollout, job, recorder, run_id) for job in jobs]
+        for f in tqdm(as_completed(futures), total=len(futures), desc=desc, leave=False,
+                      disable=not progress):
             f.result()
+    return [f.result() for f in futures]
+
+
+def collect(rollout: Rollout | EpisodeRunner, tasks: list[tuple[str, Any]], it: int, *,
+            recorder: Recorder, run_id: str, group_size: int, concurrency: int,
+            success_threshold: float = 1.0, progress: bool = True,
+            policy: Any = None) -> tuple[list[TrajectoryGroup], dict]:
+    """Run iteration `it`'s rollouts (here on threads, or through an `EpisodeRunner`); returns
+    its trainable groups (one per task and role) and statistics (episodes by end reason, mean
+    reward, success rate)."""
+    jobs = [Job(tid, task, f"{run_id}-it{it + 1}-{tid}", episode_metadata(task, it))
+            for tid, task in tasks for _ in range(group_size)]
+    desc = f"rollouts {it + 1}"
+    if isinstance(rollout, EpisodeRunner):
+        outcomes = rollout.run_episodes(jobs, policy=policy, recorder=recorder, run_id=run_id,
+                                        desc=desc, progress=progress)
+    else:
+        outcomes = run_threaded(rollout, jobs, recorder=recorder, run_id=run_id,
+                                concurrency=concurrency, desc=desc, progress=progress)
+    bad_rewards = [o.bad_reward for o in outcomes if o.bad_reward]  # the reward function's bugs
+    crashes = [o.crash for o in outcomes if o.crash]  # skipped, unless every rollout crashed
+    lost = [o.lost for o in outcomes if o.lost]  # a worker died: its episode stays incomplete
+    opened = [tid for o in outcomes for tid in o.opened]
     if bad_rewards:
         raise RolloutError(f"iteration {it + 1}: {bad_rewards[0]} ({len(bad_rewards)} rollout(s) "
                            "affected; their trajectories are stored as crashed, nothing was trained)")
-    if len(crashes) == len(jobs):
-        raise RolloutError(f"iteration {it + 1}: every rollout raised, e.g. {crashes[0]} "
-                           "(trajectories stored as crashed, nothing was trained)")
+    if len(crashes) + len(lost) == len(jobs):
+        raise RolloutError(f"iteration {it + 1}: every rollout raised or was lost, e.g. "
+                           f"{(crashes + lost)[0]} (nothing was trained)")
+    if lost:
+        print(f"iteration {it + 1}: {len(lost)} episode(s) lost with their worker, kept incomplete "
+              f"(e.g. {lost[0]})")
 
     groups: dict[tuple, TrajectoryGroup] = {}
     ends = {reason: 0 for reason in END_REASONS} | {"incomplete": 0}
     reasons: list[str] = []
     rewards: list[float] = []
     mine = set(opened)
-    for group_id in sorted({g for _, _, g in jobs}):  # each group's episodes in the order they began
+    for group_id in sorted({job.group_id for job in jobs}):  # each group's episodes in the order they began
         for traj in recorder.store.iter(run_id=run_id, group_id=group_id):
             if traj.id not in mine:
                 continue
@@ -132,8 +192,10 @@ def collect(rollout: Rollout, tasks: list[tuple[str, Any]], it: int, *, recorder
         "episodes": len(jobs), "episodes_outage": ends["outage"], "episodes_crashed": ends["crashed"],
         "episodes_incomplete": ends["incomplete"], "episodes_failed": ends["outage"] + ends["crashed"],
         "episodes_truncated": ends["truncated"], "episodes_policy_fault": ends["policy_fault"],
+        "episodes_lost": len(lost),
         "reward_mean": mean, "reward_std": std,
         "success_rate": sum(r >= success_threshold for r in rewards) / len(rewards) if rewards else 0.0}
 
 
-__all__ = ["Rollout", "RolloutError", "TaskSchedule", "check_reward", "collect", "task_id_of", "tasks_for"]
+__all__ = ["EpisodeRunner", "Job", "Outcome", "Rollout", "RolloutError", "TaskSchedule", "check_reward",
+           "collect", "episode_metadata", "run_episode", "run_threaded", "task_id_of", "tasks_for"]

@@ -20,11 +20,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from forge_bridge.core.errors import (
     AdapterError,
     InvalidArgument,
+    Unsupported,
     WrongType,
 )
 from forge_bridge.core.types import Action, Observation, Transition
@@ -162,6 +163,19 @@ def check_adapter_dir(path: str | Path) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class ClientSpec:
+    """How another process (a Ray worker) builds a client of the same backend: picklable, so
+    `make(*args, **kwargs)` must be a module-level callable and the arguments plain data."""
+
+    make: Callable[..., "Policy"]
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+    def connect(self) -> "Policy":
+        return self.make(*self.args, **self.kwargs)
+
+
 class Policy(abc.ABC):
     """Where every model call of a wrapped agent goes."""
 
@@ -295,6 +309,30 @@ class Policy(abc.ABC):
 
     @abc.abstractmethod
     def _unload(self, version: str) -> None: ...
+
+    # ------------------------------------------------------------------ clients in other processes
+    def client_spec(self) -> ClientSpec:
+        """What a worker process needs to reach this policy's backend (`spec.connect()` there).
+        A policy whose model lives in this process has none: host it in a Ray actor
+        (`forge_bridge.scale.RayPolicy`) or serve it with vLLM."""
+        raise Unsupported(f"{type(self).__name__} serves from this process only; other processes "
+                          "cannot call it. Host it with forge_bridge.scale.RayPolicy.start(...), or "
+                          "serve the model with vLLM (VLLMPolicy)")
+
+    def serving_state(self) -> dict:
+        """What a worker's client mirrors before each episode: each slot's current version."""
+        with self._swap_lock:
+            return {"slots": {slot: history[-1] for slot, history in self._slots.items()}}
+
+    def mirror(self, state: dict) -> None:
+        """Serve what `serving_state()` of the publishing policy says, on a client of the same
+        backend: the versions are already loaded there, so nothing is loaded or unloaded here,
+        and each step records exactly the version that served it."""
+        with self._swap_lock:
+            for slot, version in state["slots"].items():
+                self._slots[slot] = [None] if version is None else [None, version]
+                if version is not None:
+                    self._published.add(version)
 
     def close(self) -> None:
         """Release the model or connections."""

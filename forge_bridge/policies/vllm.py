@@ -29,7 +29,7 @@ from forge_bridge.core.errors import (
     SchemaError,
 )
 from forge_bridge.core.types import Action, ToolCall
-from forge_bridge.policies.base import Policy, PolicyOutput, Sampling
+from forge_bridge.policies.base import ClientSpec, Policy, PolicyOutput, Sampling
 from forge_bridge.policies.messages import normalize_messages
 from forge_bridge.policies.toolcalls import parse_hermes
 
@@ -58,6 +58,8 @@ class VLLMPolicy(Policy):
         super().__init__(keep_versions=keep_versions, adapter_roots=adapter_roots)
         import httpx
 
+        self._spec = ClientSpec(VLLMPolicy, (base_url, model), {
+            "api_key": api_key, "timeout_s": timeout_s, "retries": retries, "backoff_s": backoff_s})
         self.base_url = base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
             self.base_url += "/v1"
@@ -189,6 +191,17 @@ class VLLMPolicy(Policy):
         except Exception as exc:
             raise self._fail(exc, "listing models") from None
         return [m["id"] for m in self._check(resp, "listing models").get("data", [])]
+
+    # ------------------------------------------------------------------ clients in other processes
+    def client_spec(self) -> ClientSpec:
+        return self._spec
+
+    def serving_state(self) -> dict:
+        return {**super().serving_state(), "identity": self._identity_loaded}
+
+    def mirror(self, state: dict) -> None:
+        super().mirror(state)
+        self._identity_loaded = bool(state.get("identity"))
 
     # ------------------------------------------------------------------ adapters
     def _load_on_server(self, name: str, path: Path, inplace: bool = False) -> None:

@@ -1,7 +1,7 @@
 """The folders are layers, and imports between them go one way (TYPE_CHECKING imports, which
 never run, excepted): core imports no other layer; policies only core; environments, serving,
 adapters and the trainer only core and policies (environments and the harness also their own);
-the app anything. And every error the library raises is a ForgeBridgeError."""
+scale (Ray) core, policies and the trainer; the app anything. And every error the library raises is a ForgeBridgeError."""
 
 import ast
 from pathlib import Path
@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = {"core": ROOT / "forge_bridge" / "core", "policies": ROOT / "forge_bridge" / "policies",
            "envs": ROOT / "forge_bridge" / "envs", "serving": ROOT / "forge_bridge" / "serving",
-           "app": ROOT / "forge_bridge" / "app", "adapters": ROOT / "adapters", "trainer": ROOT / "trainer"}
+           "app": ROOT / "forge_bridge" / "app", "scale": ROOT / "forge_bridge" / "scale", "adapters": ROOT / "adapters", "trainer": ROOT / "trainer"}
 ALLOWED = {
     "core": {"core"},
     "policies": {"core", "policies"},
@@ -17,7 +17,8 @@ ALLOWED = {
     "serving": {"core", "policies", "serving"},
     "adapters": {"core", "policies", "adapters"},
     "trainer": {"core", "policies", "trainer"},
-    "app": {"core", "policies", "envs", "serving", "adapters", "trainer", "app", "api"},
+    "scale": {"core", "policies", "trainer", "scale"},
+    "app": {"core", "policies", "envs", "serving", "adapters", "trainer", "scale", "app", "api"},
 }
 
 
