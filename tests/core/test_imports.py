@@ -27,6 +27,26 @@ def test_import_loads_no_heavy_framework(tmp_path):
     assert proc.stdout.strip() == "[]"
 
 
+def test_everything_but_the_ray_workers_works_without_ray(tmp_path):
+    """Ray is an extra: with it uninstalled (hidden here), every module imports, the pool works,
+    and starting Ray workers says which extra to install."""
+    proc = _run("""
+        import sys
+        sys.modules['ray'] = None  # what an environment without the extra sees: ImportError
+        import forge_bridge, forge_bridge.scale, forge_bridge.scale.rollouts, forge_bridge.scale.policy_host
+        import forge_bridge.policies.pool, forge_bridge.app.cli
+        from forge_bridge.scale import RayRollouts
+        rollouts = RayRollouts(lambda policy: (lambda task: 1.0))
+        try:
+            rollouts.run_episodes([], policy=forge_bridge.policies.pool.PolicyPool.__mro__[1].__new__(
+                forge_bridge.policies.pool.PolicyPool), recorder=None, run_id='x')
+        except forge_bridge.ForgeBridgeError as exc:
+            print(type(exc).__name__, exc)
+    """, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Unsupported") and "pip install 'forge-bridge[ray]'" in proc.stdout
+
+
 def test_adapters_and_trainer_live_only_under_forge_bridge(tmp_path):
     # Run from an empty folder so the repository root is not on sys.path.
     proc = _run("""
