@@ -155,9 +155,12 @@ def collect(rollout: Rollout | EpisodeRunner, tasks: list[tuple[str, Any]], it: 
     if bad_rewards:
         raise RolloutError(f"iteration {it + 1}: {bad_rewards[0]} ({len(bad_rewards)} rollout(s) "
                            "affected; their trajectories are stored as crashed, nothing was trained)")
+    if len(crashes) == len(jobs):
+        raise RolloutError(f"iteration {it + 1}: every rollout raised, e.g. {crashes[0]} "
+                           "(trajectories stored as crashed, nothing was trained)")
     if len(crashes) + len(lost) == len(jobs):
-        raise RolloutError(f"iteration {it + 1}: every rollout raised or was lost, e.g. "
-                           f"{(crashes + lost)[0]} (nothing was trained)")
+        raise RolloutError(f"iteration {it + 1}: every rollout raised or was lost with its worker, e.g. "
+                           f"{(lost + crashes)[0]} (what was recorded is kept; nothing was trained)")
     if lost:
         print(f"iteration {it + 1}: {len(lost)} episode(s) lost with their worker, kept incomplete "
               f"(e.g. {lost[0]})")
