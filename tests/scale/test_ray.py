@@ -17,7 +17,7 @@ from forge_bridge.core.episode import Recorder  # noqa: E402
 from forge_bridge.policies.local import LocalPolicy  # noqa: E402
 from forge_bridge.policies.pool import PolicyPool  # noqa: E402
 from forge_bridge.policies.vllm import VLLMPolicy  # noqa: E402
-from forge_bridge.scale import RayPolicy, RayRollouts  # noqa: E402
+from forge_bridge.scale import RayPolicy, RayRollouts, serve_vllm  # noqa: E402
 from forge_bridge.trainer import rollouts as threaded  # noqa: E402
 
 import ray_tasks  # noqa: E402
@@ -123,32 +123,35 @@ def test_a_worker_killed_mid_episode_loses_nothing_recorded_and_the_run_goes_on(
     trainer.close()
 
 
-def test_two_policy_servers_behind_a_pool_both_serve_and_both_get_every_adapter(
-        cluster, vllm_server, taught_model_dir, adapter_dirs):
+def test_three_policy_servers_behind_a_pool_all_serve_and_all_get_every_adapter(
+        cluster, vllm_server, taught_model_dir, adapter_dirs, tmp_path):
+    """A vLLM server given by URL, a vLLM server started inside a Ray actor, and the embedded
+    model in a Ray actor (the two actors get each adapter as bytes, written on their node)."""
     taught = str(taught_model_dir)
-    hosted = RayPolicy.start(lambda: LocalPolicy(taught))  # adapters reach it as bytes
-    pool = PolicyPool([VLLMPolicy(vllm_server.base_url), hosted])
+    in_actor = RayPolicy.start(serve_vllm(taught, log_path=str(tmp_path / "actor-vllm.log")))
+    hosted = RayPolicy.start(lambda: LocalPolicy(taught))
+    pool = PolicyPool([VLLMPolicy(vllm_server.base_url), in_actor, hosted])
 
     def ask(policy, n: int) -> list:
         return [policy.chat(testing.ASK, [testing.ADD_TOOL], temperature=0, max_tokens=32) for _ in range(n)]
 
     try:
-        assert sorted(o.info["pool_member"] for o in ask(pool, 6)) == [0, 0, 0, 1, 1, 1]
+        assert sorted(o.info["pool_member"] for o in ask(pool, 6)) == [0, 0, 1, 1, 2, 2]
         for name, reply in (("v1", "Version one."), ("v2", "Version two.")):
             version = f"pool-{name}"
             pool.load_adapter(adapter_dirs[name], version)
-            outs = ask(pool, 4)
-            assert {o.info["pool_member"] for o in outs} == {0, 1}
-            assert [(o.text, o.adapter) for o in outs] == [(reply, version)] * 4
+            outs = ask(pool, 6)
+            assert sorted(o.info["pool_member"] for o in outs) == [0, 0, 1, 1, 2, 2]
+            assert [(o.text, o.adapter) for o in outs] == [(reply, version)] * 6
             assert version in VLLMPolicy(vllm_server.base_url).served_models()
         # a worker's copy of the pool reaches the same servers and serves the same version
         clone = pool.client_spec().connect()
         clone.mirror(pool.serving_state())
-        assert [(o.text, o.adapter) for o in ask(clone, 2)] == [("Version two.", "pool-v2")] * 2
-        # one server dies: it is taken out, calls go on on the other, nothing is raised
+        assert [(o.text, o.adapter) for o in ask(clone, 3)] == [("Version two.", "pool-v2")] * 3
+        # one server dies: it is taken out, calls go on on the others, nothing is raised
         cluster.kill(hosted.handle)
-        outs = ask(pool, 3)
-        assert [(o.text, o.info["pool_member"]) for o in outs] == [("Version two.", 0)] * 3
-        assert list(pool.out) == [1] and "gone" in pool.out[1]
+        outs = ask(pool, 4)
+        assert [o.text for o in outs] == ["Version two."] * 4 and {o.info["pool_member"] for o in outs} == {0, 1}
+        assert list(pool.out) == [2] and "gone" in pool.out[2]
     finally:
         pool.close()
