@@ -12,11 +12,12 @@ episodes are not, and are counted.
 
 from __future__ import annotations
 
+import abc
 import math
 import random
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Sequence
 
 from forge_bridge.core.episode import Recorder
 from forge_bridge.core.errors import InvalidArgument
@@ -82,11 +83,11 @@ class Outcome:
     lost: str | None = None
 
 
-@runtime_checkable
-class EpisodeRunner(Protocol):
+class EpisodeRunner(abc.ABC):
     """Runs jobs somewhere else (Ray workers: `forge_bridge.scale.RayRollouts`), each in an
     episode recorded into `recorder`'s store, complete and exactly once."""
 
+    @abc.abstractmethod
     def run_episodes(self, jobs: list[Job], *, policy: Any, recorder: Recorder, run_id: str,
                      desc: str, progress: bool) -> list[Outcome]: ...
 

@@ -147,8 +147,14 @@ class PolicyPool(Policy):
 
     def _unload(self, version: str) -> None:
         for index, member in enumerate(self.members):
-            if index not in self.out:
+            if index in self.out:
+                continue
+            try:
                 member._unload(version)
+            except PolicyUnavailable as exc:
+                self.take_out(index, f"unreachable while unloading {version}: {exc}")
+            except Exception:  # best effort, as eviction is: the version is no longer served
+                pass
 
     # ------------------------------------------------------------------ clients in other processes
     def client_spec(self) -> ClientSpec:
@@ -162,8 +168,8 @@ class PolicyPool(Policy):
         super().mirror(state)
         for member, member_state in zip(self.members, state.get("members", [])):
             member.mirror(member_state)
-        with self._lock:  # a worker's pool skips what the trainer's has taken out, and may find more
-            self._out.update({int(i): why for i, why in state.get("out", {}).items()})
+        with self._lock:  # a worker's pool skips what the trainer's has taken out, as of now
+            self._out = {int(i): why for i, why in state.get("out", {}).items()}
 
     def close(self) -> None:
         for member in self.members:

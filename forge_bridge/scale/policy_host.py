@@ -14,6 +14,7 @@ call the same actor.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
 from pathlib import Path
@@ -68,9 +69,13 @@ def _connect(handle: Any) -> "RayPolicy":
 class RayPolicy(Policy):
     """A client of a `PolicyHost` actor (see the module docstring)."""
 
-    def __init__(self, handle: Any, *, keep_versions: int = 3, adapter_roots: Any = None) -> None:
+    def __init__(self, handle: Any, *, timeout_s: float = 600.0, keep_versions: int = 3,
+                 adapter_roots: Any = None) -> None:
+        """`timeout_s`: the longest a call (or an adapter load) may take before the host counts
+        as unavailable."""
         super().__init__(keep_versions=keep_versions, adapter_roots=adapter_roots)
         self.handle = handle
+        self.timeout_s = float(timeout_s)
         self.owner = False
         """This client started the actor: `close()` stops it."""
 
@@ -96,11 +101,12 @@ class RayPolicy(Policy):
     def _call(self, ref: Any, what: str) -> Any:
         ray = require_ray()
         try:
-            return ray.get(ref)
+            return ray.get(ref, timeout=self.timeout_s)
         except ray.exceptions.RayTaskError as exc:
             raise self._error(exc, what) from None
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
-            raise PolicyUnavailable(f"{what}: the policy host actor is gone ({type(exc).__name__})") from None
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as exc:
+            raise PolicyUnavailable(f"{what}: the policy host actor is gone or not answering "
+                                    f"({type(exc).__name__})") from None
 
     @staticmethod
     def _error(exc: Any, what: str) -> Exception:
@@ -115,11 +121,12 @@ class RayPolicy(Policy):
     async def _achat(self, messages, tools, sampling: Sampling, adapter: str | None) -> PolicyOutput:
         ray = require_ray()
         try:
-            return await self.handle.chat.remote(messages, tools, sampling, adapter)
+            return await asyncio.wait_for(self.handle.chat.remote(messages, tools, sampling, adapter), self.timeout_s)
         except ray.exceptions.RayTaskError as exc:
             raise self._error(exc, "chat") from None
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
-            raise PolicyUnavailable(f"chat: the policy host actor is gone ({type(exc).__name__})") from None
+        except (ray.exceptions.RayError, asyncio.TimeoutError) as exc:
+            raise PolicyUnavailable(f"chat: the policy host actor is gone or not answering "
+                                    f"({type(exc).__name__})") from None
 
     def _load(self, path: Path, version: str) -> None:
         files = {name: (path / name).read_bytes() for name in ADAPTER_FILES}

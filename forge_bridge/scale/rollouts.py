@@ -27,9 +27,9 @@ from typing import Any, Callable
 from forge_bridge.core.episode import Recorder
 from forge_bridge.core.errors import InvalidArgument, WrongType
 from forge_bridge.policies.base import ClientSpec, Policy
-from forge_bridge.scale.cluster import ensure_ray
+from forge_bridge.scale.cluster import ensure_ray, require_ray
 from forge_bridge.scale.streaming import SINK, StreamingStore, apply
-from forge_bridge.trainer.rollouts import Job, Outcome, Rollout, run_episode
+from forge_bridge.trainer.rollouts import EpisodeRunner, Job, Outcome, Rollout, run_episode
 
 
 class RolloutWorker:
@@ -87,25 +87,27 @@ class RolloutWorker:
                 break
         if batch[-1][0] == "done":
             del self._sinks[key]
-            self.store.forget(batch[-1][1].opened)
+            self.store.forget(sink)
         return batch
 
     def close(self) -> None:
         self.policy.close()
 
 
-class RayRollouts:
+class RayRollouts(EpisodeRunner):
     """An `EpisodeRunner`: the trainer hands it each iteration's jobs (see the module docstring)."""
 
     def __init__(self, make_rollout: Callable[[Policy], Rollout], *, num_workers: int = 2,
                  resources: dict | None = None, episodes_per_worker: int = 1,
-                 ray_init: dict | None = None, start_timeout_s: float = 300.0) -> None:
+                 ray_init: dict | None = None, start_timeout_s: float = 300.0,
+                 poll_timeout_s: float = 60.0) -> None:
         """`make_rollout(policy)` builds one worker's agent and returns its rollout function;
         `resources`: Ray's options for each worker actor (`num_cpus`, `num_gpus`, `resources`,
         `runtime_env`, ...); `episodes_per_worker`: episodes one worker runs at once (its agent
         object is then shared by threads, as in the threaded loop); `ray_init`: `ray.init`
         arguments when this process has not joined a cluster yet; `start_timeout_s`: how long
-        the workers may take to be scheduled and build their agents."""
+        the workers may take to be scheduled and build their agents; `poll_timeout_s`: how long
+        a worker may leave a poll unanswered (each returns within a second) before it counts as lost."""
         if not callable(make_rollout):
             raise WrongType(f"make_rollout: expected a function policy -> rollout, got {type(make_rollout).__name__}")
         for name, value in (("num_workers", num_workers), ("episodes_per_worker", episodes_per_worker)):
@@ -113,12 +115,15 @@ class RayRollouts:
                 raise InvalidArgument(f"{name}: expected an int >= 1, got {value!r}")
         if resources is not None and not isinstance(resources, dict):
             raise WrongType(f"resources: expected Ray actor options as a dict, got {type(resources).__name__}")
+        if "max_concurrency" in (resources or {}):
+            raise InvalidArgument("resources: max_concurrency is set from episodes_per_worker; use that")
         self.make_rollout = make_rollout
         self.num_workers = num_workers
         self.resources = {"num_cpus": 1, **(resources or {})}
         self.episodes_per_worker = episodes_per_worker
         self.ray_init = ray_init
         self.start_timeout_s = float(start_timeout_s)
+        self.poll_timeout_s = float(poll_timeout_s)
         self._spec: ClientSpec | None = None
         self._workers: list[Any] = []
         self._replaced: dict[Any, Any] = {}  # dead worker -> the one that took its place
@@ -175,6 +180,10 @@ class RayRollouts:
         with self._lock:
             if dead in self._replaced:
                 return self._replaced[dead]
+            try:  # it may only be unreachable: make sure it is gone and frees its resources
+                require_ray().kill(dead)
+            except Exception:
+                pass
             fresh = self._new_worker()
             self._replaced[dead] = fresh
             self._workers = [fresh if w is dead else w for w in self._workers]
@@ -200,25 +209,29 @@ class RayRollouts:
         def one(job: Job) -> Outcome:
             worker = self._current(idle.get())
             for attempt in range(3):
-                begun: list[str] = []
+                begun: list[dict] = []
                 outcome: Outcome | None = None
                 try:
-                    key = ray.get(worker.start.remote(job, run_id, serving))
+                    # the worker may still be building its agent (a replacement): as long as a start
+                    key = ray.get(worker.start.remote(job, run_id, serving), timeout=self.start_timeout_s)
                     while outcome is None:  # long polls: each returns as soon as there is a write
-                        for op in ray.get(worker.take.remote(key)):
+                        for op in ray.get(worker.take.remote(key), timeout=self.poll_timeout_s):
                             if op[0] == "done":
                                 outcome = op[1]
                                 continue
                             apply(recorder.store, op)
                             if op[0] == "begin":
-                                begun.append(op[1]["id"])
-                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+                                begun.append(op[1])
+                except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as exc:
+                    # dead, unreachable, or not answering: replaced, and its job lost or run again
                     worker = self._replace(worker)
                     if not begun and attempt < 2:  # nothing was recorded: run the job on the fresh worker
                         continue
                     idle.put(worker)
-                    return Outcome(opened=begun, lost=f"task {job.task_id!r}: its worker died ({type(exc).__name__}) "
-                                                      f"mid-episode; {len(begun)} trajectory(ies) kept incomplete")
+                    roles = [t["id"] for t in begun if t["metadata"].get("parent")]
+                    return Outcome(opened=roles or [t["id"] for t in begun],
+                                   lost=f"task {job.task_id!r}: its worker was lost ({type(exc).__name__}) "
+                                        f"mid-episode; {len(begun)} trajectory(ies) kept incomplete")
                 idle.put(worker)
                 return outcome
             raise AssertionError("unreachable")
@@ -235,6 +248,7 @@ class RayRollouts:
         ray = ensure_ray(self.ray_init) if self._workers else None
         with self._lock:
             workers, self._workers = self._workers, []
+            self._replaced.clear()
         for w in workers:
             try:
                 ray.get(w.close.remote(), timeout=10)

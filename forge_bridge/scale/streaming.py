@@ -31,6 +31,7 @@ class StreamingStore(TrajectoryStore):
     def __init__(self) -> None:
         super().__init__(":memory:")
         self._sinks: dict[str, queue.Queue] = {}
+        self._begun: dict[int, list[str]] = {}  # id(sink) -> trajectories its job began
         self._sinks_lock = threading.Lock()
 
     def _sink(self, trajectory_id: str) -> queue.Queue:
@@ -41,16 +42,16 @@ class StreamingStore(TrajectoryStore):
         return sink
 
     def begin(self, trajectory: Trajectory) -> None:
-        # A crew's role trajectory may begin on a framework thread: it follows its parent's job.
-        sink = SINK.get()
+        # A crew's role trajectory belongs to its parent's job, whatever thread or context begins
+        # it (a framework thread may still carry an earlier job's context).
         parent = trajectory.metadata.get("parent")
-        if sink is None and parent is not None:
-            sink = self._sink(str(parent))
+        sink = self._sink(str(parent)) if parent is not None else SINK.get()
         if sink is None:
             raise StoreError(f"trajectory {trajectory.id}: begun outside a job on this worker")
         super().begin(trajectory)
         with self._sinks_lock:
             self._sinks[trajectory.id] = sink
+            self._begun.setdefault(id(sink), []).append(trajectory.id)
         sink.put(("begin", trajectory.to_dict()))
 
     def append(self, trajectory_id: str, transition: Transition) -> int:
@@ -67,13 +68,14 @@ class StreamingStore(TrajectoryStore):
         super().finish(trajectory_id, end_reason, reward, metadata, end_detail)
         self._sink(trajectory_id).put(("finish", trajectory_id, end_reason, reward, metadata, end_detail))
 
-    def forget(self, trajectory_ids: list[str]) -> None:
-        """Drop finished episodes from memory once the trainer has them all."""
+    def forget(self, sink: queue.Queue) -> None:
+        """Drop from memory every trajectory the job of `sink` began, once the trainer has them."""
         with self._sinks_lock:
-            for tid in trajectory_ids:
+            ids = self._begun.pop(id(sink), [])
+            for tid in ids:
                 self._sinks.pop(tid, None)
         with self._lock:
-            for tid in trajectory_ids:
+            for tid in ids:
                 self._db.execute("DELETE FROM transitions WHERE trajectory_id = ?", (tid,))
                 self._db.execute("DELETE FROM trajectories WHERE id = ?", (tid,))
 

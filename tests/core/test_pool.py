@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from forge_bridge.core.errors import AdapterError, PolicyResponseError, PolicyUnavailable, WrongType
+from forge_bridge.core.errors import AdapterError, PolicyResponseError, PolicyUnavailable, Unsupported, WrongType
 from forge_bridge.core.types import Action
 from forge_bridge.policies.base import Policy, PolicyOutput
 from forge_bridge.policies.pool import PolicyPool
@@ -105,7 +105,7 @@ def test_an_adapter_one_member_refuses_is_unloaded_from_the_others_and_nothing_c
 
 def test_a_copy_for_a_worker_mirrors_versions_and_members_out(adapter):
     pool = PolicyPool([Member("a"), Member("b")])
-    with pytest.raises(Exception, match="RayPolicy"):  # members living in this process have no client
+    with pytest.raises(Unsupported, match="RayPolicy"):  # members living in this process have no client
         pool.client_spec()
     copy = PolicyPool([Member("a"), Member("b")])
     pool.load_adapter(adapter, "run-v1")

@@ -18,8 +18,9 @@ def choice_rollout(policy):
 
 
 class HangOnce:
-    """make_rollout for the kill test: the first episode of a task with "hang" records its two
-    steps, leaves its worker's actor id in `marker`, and waits to be killed."""
+    """make_rollout for the kill test: the first episode of a task with "hang" records its steps,
+    leaves its worker's actor id and how many steps it recorded in `marker`, and waits to be
+    killed."""
 
     def __init__(self, marker: str) -> None:
         self.marker = marker
@@ -36,17 +37,22 @@ class HangOnce:
                     return reward
                 import ray
 
-                Path(self.marker + ".tmp").write_text(ray.get_runtime_context().get_actor_id())
+                from forge_bridge.core.episode import current_episode
+
+                steps = len(current_episode().trajectory.transitions)  # recorded before the kill
+                Path(self.marker + ".tmp").write_text(f"{ray.get_runtime_context().get_actor_id()} {steps}")
                 os.rename(self.marker + ".tmp", self.marker)
                 time.sleep(300)  # killed long before
             return reward
         return rollout
 
 
-def actor_id_in(marker: Path, timeout_s: float = 120) -> str:
+def hung_worker(marker: Path, timeout_s: float = 120) -> tuple[str, int]:
+    """(actor id, steps recorded) of the episode that hangs."""
     deadline = time.time() + timeout_s
     while not marker.exists():
         if time.time() > deadline:
             raise TimeoutError(f"no worker wrote {marker}")
         time.sleep(0.1)
-    return marker.read_text()
+    actor_id, steps = marker.read_text().split()
+    return actor_id, int(steps)

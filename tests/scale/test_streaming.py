@@ -65,8 +65,26 @@ def test_a_replayed_episode_is_the_same_trajectory(tmp_path):
         assert comparable(trainer.get(t.id)) == comparable(t)
     writer = [t for t in trainer.trajectories() if t.role == "writer"][0]
     assert writer.reward == 1.0 and writer.transitions[0].reward == 0.5 and len(writer.transitions) == 3
-    worker.forget([t.id for t in worker.trajectories()])
+    for sink in sinks:  # each job's trajectories leave the worker's memory, a crew's parent too
+        worker.forget(sink)
     assert worker.count() == 0
+
+
+def test_a_role_begun_on_a_thread_carrying_another_jobs_context_goes_with_its_parent(tmp_path):
+    worker = StreamingStore()
+    mine, other = queue.Queue(), queue.Queue()
+    SINK.set(mine)
+    ep = Recorder(worker, run_id="run").episode("crew", "g")
+    begun = []
+
+    def framework_thread() -> None:  # still carries an earlier job's context
+        SINK.set(other)
+        begun.append(ep.child("writer").id)
+
+    t = threading.Thread(target=framework_thread)
+    t.start()
+    t.join()
+    assert other.empty() and [op[1]["id"] for op in drain(mine) if op[0] == "begin"] == [ep.id, begun[0]]
 
 
 def test_writes_sent_before_a_worker_dies_stay_and_the_episode_stays_open(tmp_path):
