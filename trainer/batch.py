@@ -123,10 +123,10 @@ def trained_tokens_per_step(samples: Sequence[Sample]) -> dict[tuple[str, int], 
     return {step: sum(sample.loss_mask[a:b]) for sample in samples for step, (a, b) in zip(sample.steps, sample.spans)}
 
 
-def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
+def collate(samples: Sequence[Sample], pad_id: int, device: str | None = None) -> dict[str, torch.Tensor]:
     """Right-padded tensors: input_ids, attention_mask, loss_mask, sampler_logprobs (recorded by
     the policy that sampled), advantages [B, T], and trainer_logprobs [B, T] when every sample has
-    them; temperature [B]; value_positions, returns, value_mask [B, S_max]."""
+    them; temperature [B]; value_positions, returns, value_mask [B, S_max]; on `device` (None: the CPU)."""
     B = len(samples)
     T = max(len(s.input_ids) for s in samples)
     S = max(max(len(s.value_positions) for s in samples), 1)
@@ -157,4 +157,4 @@ def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
             out["value_positions"][b, :k] = torch.tensor(s.value_positions)
             out["returns"][b, :k] = torch.tensor(s.returns)
             out["value_mask"][b, :k] = 1
-    return out
+    return out if device is None else {k: v.to(device) for k, v in out.items()}

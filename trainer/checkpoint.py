@@ -14,6 +14,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from forge_bridge.core.atomic import write_dir
+from forge_bridge.core.errors import InvalidState
+from forge_bridge.trainer.lora import DEFAULT_ADAPTER
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
@@ -33,18 +35,25 @@ def _optimizer_state(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
     return {"state": state, "param_groups": meta["param_groups"]}
 
 
-def save(root: Path, iteration: int, model: Any, optimizer: torch.optim.Optimizer,
+def _optimizer_file(slot: str) -> str:
+    return "optimizer.safetensors" if slot == DEFAULT_ADAPTER else f"optimizer-{slot}.safetensors"
+
+
+def save(root: Path, iteration: int, model: Any, optimizers: dict[str, torch.optim.Optimizer],
          extra_modules: dict[str, torch.nn.Module], state: dict) -> Path:
+    """Every adapter of the model (the shared one, and one per role slot) with its optimizer."""
     def write(tmp: Path) -> None:
-        model.save_pretrained(str(tmp / "adapter"), safe_serialization=True)
-        tensors, meta = _optimizer_tensors(optimizer)
-        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        model.save_pretrained(str(tmp / "adapter"), safe_serialization=True)  # named ones in subfolders
+        metas = {}
+        for slot, optimizer in optimizers.items():
+            tensors, metas[slot] = _optimizer_tensors(optimizer)
+            save_file(tensors, str(tmp / _optimizer_file(slot)))
         for name, module in extra_modules.items():
             save_file({k: v.contiguous() for k, v in module.state_dict().items()},
                       str(tmp / f"{name}.safetensors"))
         save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
         (tmp / "state.json").write_text(json.dumps({
-            **state, "iteration": iteration, "optimizer": meta,
+            **state, "iteration": iteration, "optimizer": metas.pop(DEFAULT_ADAPTER), "role_optimizers": metas,
             "python_random": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]]}))
 
     final = write_dir(root / f"it-{iteration:05d}", write)
@@ -62,15 +71,20 @@ def latest(root: Path) -> Path | None:
     return path if (path / "state.json").is_file() else None
 
 
-def load(path: Path, model: Any, optimizer: torch.optim.Optimizer,
+def load(path: Path, model: Any, optimizers: dict[str, torch.optim.Optimizer],
          extra_modules: dict[str, torch.nn.Module]) -> dict:
-    """Restore the LoRA weights, optimizer, extra modules and RNG; returns the saved state."""
+    """Restore the LoRA weights, optimizers, extra modules and RNG; returns the saved state."""
     from peft import set_peft_model_state_dict
 
-    set_peft_model_state_dict(model, load_file(str(path / "adapter" / "adapter_model.safetensors")))
     state = json.loads((path / "state.json").read_text())
-    optimizer.load_state_dict(_optimizer_state(load_file(str(path / "optimizer.safetensors")),
-                                               state["optimizer"]))
+    metas = {DEFAULT_ADAPTER: state["optimizer"], **state.get("role_optimizers", {})}
+    if set(metas) != set(optimizers):
+        raise InvalidState(f"checkpoint {path} holds the adapters {sorted(metas)}, this trainer trains "
+                           f"{sorted(optimizers)}: resume with the run's own role_slots")
+    for slot, optimizer in optimizers.items():
+        folder = path / "adapter" if slot == DEFAULT_ADAPTER else path / "adapter" / slot
+        set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")), adapter_name=slot)
+        optimizer.load_state_dict(_optimizer_state(load_file(str(path / _optimizer_file(slot))), metas[slot]))
     for name, module in extra_modules.items():
         module.load_state_dict(load_file(str(path / f"{name}.safetensors")))
     torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch"])

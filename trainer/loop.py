@@ -14,7 +14,8 @@ import dataclasses
 import json
 import random
 import time
-from contextlib import nullcontext
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -22,14 +23,15 @@ import torch
 
 from forge_bridge.core import runs
 from forge_bridge.core.episode import Recorder
-from forge_bridge.core.errors import InvalidArgument, WrongType
+from forge_bridge.core.errors import InvalidArgument, Unsupported, WrongType
 from forge_bridge.core.types import Trajectory, TrajectoryGroup
-from forge_bridge.policies.base import Policy
+from forge_bridge.policies.base import DEFAULT_SLOT, Policy
+from forge_bridge.policies.device import autocast, bf16_supported, resolve_device
 from forge_bridge.trainer import checkpoint, rollouts
 from forge_bridge.trainer.batch import BatchStats, Sample, collate, trained_tokens_per_step
 from forge_bridge.trainer.config import TrainerConfig
 from forge_bridge.trainer.logprobs import token_logprobs
-from forge_bridge.trainer.lora import attach_lora, save_adapter
+from forge_bridge.trainer.lora import adapter_parameters, attach_lora, save_adapter
 from forge_bridge.trainer.losses import aggregate, clipped_policy_loss, kl_k3, tis_weights
 from forge_bridge.trainer.rollouts import Rollout, TaskSchedule
 
@@ -42,7 +44,6 @@ class Trainer:
     def __init__(self, policy: Policy, config: TrainerConfig, *, model: str | None = None,
                  recorder: Recorder | None = None) -> None:
         from forge_bridge.policies import models
-        from forge_bridge.policies.local import bf16_supported
 
         if not isinstance(policy, Policy):
             raise WrongType(f"policy: expected a forge_bridge Policy, got {type(policy).__name__}")
@@ -57,14 +58,25 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(config.seed)
         self.rng = random.Random(config.seed)
+        self.device = resolve_device(config.device)
+        """Where the model, the batches and the optimizer state live."""
         base, self.tokenizer = models.load(str(source))
         self.pad_id: int = self.tokenizer.pad_token_id or 0
         """What collated batches are padded with (masked out wherever it lands)."""
-        self.model = attach_lora(base, config.lora_rank, config.lora_alpha, config.lora_targets)
-        self.bf16 = bf16_supported() if config.bf16 is None else config.bf16
-        self.extra_modules = self._extra_modules(base.config.hidden_size)
-        self.optimizer = torch.optim.AdamW(self._param_groups())
-        self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
+        base.to(self.device)
+        if config.gradient_checkpointing:
+            base.activation_checkpointing_enable({"use_reentrant": False})
+        self.slots = [DEFAULT_SLOT] + sorted(set((config.role_slots or {}).values()) - {DEFAULT_SLOT})
+        """The LoRAs this run trains, by policy slot: the shared one and one per role slot."""
+        self.model = attach_lora(base, config.lora_rank, config.lora_alpha, config.lora_targets,
+                                 extra_adapters=self.slots[1:])
+        self.bf16 = bf16_supported(self.device) if config.bf16 is None else config.bf16
+        self.extra_modules = {name: module.to(self.device) for name, module in
+                              self._extra_modules(base.config.hidden_size).items()}
+        self.optimizers = {slot: torch.optim.AdamW(self._param_groups(slot)) for slot in self.slots}
+        """One optimizer per LoRA: a role's updates never move another role's adapter or state."""
+        self.base_lrs = {slot: [g["lr"] for g in opt.param_groups] for slot, opt in self.optimizers.items()}
+        self._slot = DEFAULT_SLOT
         self.reference: Any = None
         """The frozen KL reference model (None: the base model, adapter disabled)."""
         self.previous_run = runs.holds_run(self.out)
@@ -88,8 +100,28 @@ class Trainer:
     def _extra_modules(self, hidden_size: int) -> dict[str, torch.nn.Module]:
         return {}
 
-    def _param_groups(self) -> list[dict]:
-        return [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": self.config.lr}]
+    def _param_groups(self, slot: str) -> list[dict]:
+        return [{"params": adapter_parameters(self.model, slot), "lr": self.config.lr}]
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer of the LoRA being trained now (the shared one outside an update)."""
+        return self.optimizers[self._slot]
+
+    def slot_of(self, group: TrajectoryGroup) -> str:
+        """The policy slot (and LoRA) a group's trajectories train: its role's, else the default."""
+        return (self.config.role_slots or {}).get(group.role, DEFAULT_SLOT) if group.role else DEFAULT_SLOT
+
+    @contextmanager
+    def training(self, slot: str):
+        """Forward passes, updates and `optimizer` use the LoRA of `slot` inside this block."""
+        self.model.set_adapter(slot)
+        self._slot = slot
+        try:
+            yield
+        finally:
+            self.model.set_adapter(DEFAULT_SLOT)
+            self._slot = DEFAULT_SLOT
 
     def prepare(self, groups: list[TrajectoryGroup]) -> tuple[list[Sample], BatchStats, dict]:
         """The algorithm: advantages of the groups' steps, as training samples."""
@@ -166,16 +198,26 @@ class Trainer:
             groups, rollout_stats = self.collect(rollout, rollouts.tasks_for(
                 it, tasks, self.config.tasks_per_iteration, self.config.seed), it)
             t1 = time.perf_counter()
-            samples, batch_stats, adv_stats = self.prepare(groups)
-            self.record_credit(groups, samples, it + 1)
-            update_stats = self.update(samples) if samples else {}
+            learned, trained_tokens = {}, 0
+            for slot in self.slots:  # each LoRA learns from its own roles' groups only
+                mine = [g for g in groups if self.slot_of(g) == slot]
+                if not mine and slot != DEFAULT_SLOT:
+                    continue
+                with self.training(slot):
+                    samples, batch_stats, adv_stats = self.prepare(mine)
+                    self.record_credit(mine, samples, it + 1)
+                    update_stats = self.update(samples) if samples else {}
+                trained_tokens += batch_stats.trained_tokens
+                stats = {**adv_stats, **{f"batch_{k}": v for k, v in vars(batch_stats).items()}, **update_stats}
+                learned.update(stats if len(self.slots) == 1 else {f"{slot}/{k}": v for k, v in stats.items()})
             t2 = time.perf_counter()
-            version = self.publish(it + 1)
+            versions = self.publish_all(it + 1)
             t3 = time.perf_counter()
-            metrics = {"iteration": it + 1, "adapter": version, **rollout_stats, **adv_stats,
-                       **{f"batch_{k}": v for k, v in vars(batch_stats).items()}, **update_stats,
+            metrics = {"iteration": it + 1, "adapter": versions[DEFAULT_SLOT],
+                       **{f"adapter_{slot}": v for slot, v in versions.items() if slot != DEFAULT_SLOT},
+                       **rollout_stats, **learned,
                        "time_rollout_s": t1 - t0, "time_update_s": t2 - t1, "time_publish_s": t3 - t2,
-                       "tokens_per_s": batch_stats.trained_tokens / max(t2 - t1, 1e-9)}
+                       "tokens_per_s": trained_tokens / max(t2 - t1, 1e-9)}
             self.iteration = it + 1
             self.log(metrics)
             self.save_checkpoint()
@@ -193,8 +235,12 @@ class Trainer:
                                 progress=self.config.progress, policy=self.policy)
 
     def autocast(self):
-        """The precision context of forward passes (bf16 autocast where the CPU has it)."""
-        return torch.autocast("cpu", dtype=torch.bfloat16) if self.bf16 else nullcontext()
+        """The precision context of forward passes (bf16 autocast where the device has it)."""
+        return autocast(self.device, self.bf16)
+
+    def collate(self, samples: Sequence[Sample]) -> dict[str, torch.Tensor]:
+        """The samples as padded tensors on the trainer's device."""
+        return collate(samples, self.pad_id, self.device)
 
     def update(self, samples: list[Sample]) -> dict:
         """`epochs` passes of minibatch steps over the samples; returns averaged statistics."""
@@ -220,7 +266,7 @@ class Trainer:
         with torch.no_grad():
             for start in range(0, len(samples), size):
                 chunk = samples[start:start + size]
-                logp = self.score(collate(chunk, self.pad_id))[0]
+                logp = self.score(self.collate(chunk))[0]
                 for b, sample in enumerate(chunk):
                     sample.trainer_logprobs = logp[b, :len(sample.input_ids)].tolist()
 
@@ -249,7 +295,7 @@ class Trainer:
         stats: dict[str, float] = {}
         for chunk, share in zip(chunks, shares):
             weight = share / total
-            batch = collate(chunk, self.pad_id)
+            batch = self.collate(chunk)
             logp, hidden, entropy = self.score(batch, with_entropy=True)
             with self.autocast():
                 loss, chunk_stats = self.loss(logp, hidden, batch)
@@ -271,7 +317,7 @@ class Trainer:
         first = self.optimizer.param_groups[0]["params"][0]
         done = int(self.optimizer.state.get(first, {}).get("step", 0))
         scale = min(1.0, (done + 1) / self.config.warmup_steps) if self.config.warmup_steps else 1.0
-        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs[self._slot]):
             group["lr"] = base * scale
         return self.optimizer.param_groups[0]["lr"]
 
@@ -279,6 +325,9 @@ class Trainer:
         """Make the current weights the KL reference, e.g. the SFT warm start: the KL then holds
         RL near what SFT taught, where the base model (the default reference) cannot even call
         tools. Saved in the run folder, so a resumed run keeps the same reference."""
+        if len(self.slots) > 1:
+            raise Unsupported("freeze_reference with per-role adapters (role_slots): the KL "
+                              "reference is the base model there")
         path = save_adapter(self.model, self.out / "reference")
         self._load_reference(path)
         return path
@@ -305,8 +354,9 @@ class Trainer:
                 return token_logprobs(self.model, *args)[0]
 
     # ------------------------------------------------------------------ publish, log, checkpoint
-    def version_name(self, n: int) -> str:
-        return f"{self.config.run_name}-v{n}"
+    def version_name(self, n: int, slot: str = DEFAULT_SLOT) -> str:
+        """'<run>-vN' for the shared LoRA, '<run>-<slot>-vN' for a role slot's."""
+        return f"{self.config.run_name}-v{n}" if slot == DEFAULT_SLOT else f"{self.config.run_name}-{slot}-v{n}"
 
     def publish_next(self) -> str:
         """Count one more update (an SFT warm start, say) and publish it as the next version."""
@@ -314,12 +364,19 @@ class Trainer:
         return self.publish(self.iteration)
 
     def publish(self, n: int) -> str:
-        """Save adapter vN atomically and make the live policy serve it."""
-        path = save_adapter(self.model, self.out / "adapters" / self.version_name(n))
-        version = self.version_name(n)
-        if version not in self.policy.versions():
-            self.policy.load_adapter(path, version)
-        return version
+        """Save adapter vN of every LoRA atomically and make the live policy serve each from its
+        slot; returns the shared LoRA's version."""
+        return self.publish_all(n)[DEFAULT_SLOT]
+
+    def publish_all(self, n: int) -> dict[str, str]:
+        """`publish`, returning every slot's new version."""
+        versions = {}
+        for slot in self.slots:
+            version = versions[slot] = self.version_name(n, slot)
+            path = save_adapter(self.model, self.out / "adapters" / version, adapter=slot)
+            if version not in self.policy.versions(slot):
+                self.policy.load_adapter(path, version, slot=slot)
+        return versions
 
     def log(self, metrics: dict) -> None:
         metrics = {"run_id": self.run_id, **metrics}
@@ -327,16 +384,22 @@ class Trainer:
         with open(self.out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(metrics) + "\n")
         if self._tb is None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(self.out / "tb"))
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # a bare GPU machine: metrics.jsonl still has every number
+                self._tb = False
+                warnings.warn("tensorboard is not installed: metrics go to metrics.jsonl only", stacklevel=2)
+            else:
+                self._tb = SummaryWriter(str(self.out / "tb"))
+        if self._tb is False:
+            return
         for key, value in metrics.items():
             if isinstance(value, (int, float)) and key != "iteration":
                 self._tb.add_scalar(key, value, metrics["iteration"])
         self._tb.flush()
 
     def save_checkpoint(self) -> Path:
-        return checkpoint.save(self.out / "checkpoints", self.iteration, self.model, self.optimizer,
+        return checkpoint.save(self.out / "checkpoints", self.iteration, self.model, self.optimizers,
                                self.extra_modules, {"config": self.config.to_dict(),
                                                     "trainer_rng": list(self.rng.getstate()[1])})
 
@@ -347,7 +410,7 @@ class Trainer:
         if (self.out / "reference" / "adapter_model.safetensors").is_file():
             self._load_reference(self.out / "reference")
         path = checkpoint.latest(self.out / "checkpoints")
-        state = None if path is None else checkpoint.load(path, self.model, self.optimizer,
+        state = None if path is None else checkpoint.load(path, self.model, self.optimizers,
                                                           self.extra_modules)
         done = 0 if state is None else state["iteration"]
         interrupted = [t.id for t in self.recorder.store.iter(run_id=self.run_id)
@@ -369,5 +432,5 @@ class Trainer:
         return self.iteration
 
     def close(self) -> None:
-        if self._tb is not None:
+        if self._tb:
             self._tb.close()

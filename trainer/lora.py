@@ -1,32 +1,67 @@
-"""LoRA on the training copy of the model, and its adapter files (safetensors, atomic)."""
+"""LoRA on the training copy of the model, and its adapter files (safetensors, atomic).
+
+A run trains one adapter, peft's `default`, or one per crew role slot besides it (`add_adapters`):
+each role's LoRA lives in the same peft model under the slot's name, and `set_adapter` picks
+which one a forward pass uses and trains.
+"""
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
 from forge_bridge.core.atomic import write_dir
+from forge_bridge.policies.base import DEFAULT_SLOT
+
+DEFAULT_ADAPTER = DEFAULT_SLOT
+"""peft's name for the first adapter ('default'), which is also the policy's default slot: the
+shared LoRA; every other adapter is named after the slot it is published to."""
 
 
-def attach_lora(model: Any, rank: int, alpha: int, targets: Sequence[str], dropout: float = 0.0) -> Any:
-    """Freeze `model` and wrap it with a trainable LoRA (peft)."""
-    from peft import LoraConfig, get_peft_model
+def _config(rank: int, alpha: int, targets: Sequence[str], dropout: float) -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=dropout, bias="none")
+
+
+def attach_lora(model: Any, rank: int, alpha: int, targets: Sequence[str], dropout: float = 0.0,
+                extra_adapters: Sequence[str] = ()) -> Any:
+    """Freeze `model` and wrap it with a trainable LoRA (peft), plus one more LoRA of the same
+    shape for each name in `extra_adapters`; `default` is the active one."""
+    from peft import get_peft_model
 
     for p in model.parameters():
         p.requires_grad_(False)
-    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets),
-                                            lora_dropout=dropout, bias="none"))
+    peft_model = get_peft_model(model, _config(rank, alpha, targets, dropout))
+    for name in extra_adapters:
+        peft_model.add_adapter(name, _config(rank, alpha, targets, dropout))
+    peft_model.set_adapter(DEFAULT_ADAPTER)
+    return peft_model
 
 
-def save_adapter(model: Any, path: str | Path) -> Path:
-    """Write the LoRA adapter (safetensors) to `path` atomically: a reader finds the old complete
+def adapter_parameters(model: Any, adapter: str = DEFAULT_ADAPTER) -> list:
+    """The LoRA parameters of one adapter, in the model's order (whether or not it is active)."""
+    own = re.compile(rf"\.lora_[AB]\.{re.escape(adapter)}\.")
+    return [p for name, p in model.named_parameters() if own.search(name)]
+
+
+def save_adapter(model: Any, path: str | Path, adapter: str = DEFAULT_ADAPTER) -> Path:
+    """Write one LoRA adapter (safetensors) to `path` atomically: a reader finds the old complete
     version or the new one at every instant, even across a crash (`forge_bridge.core.atomic`)."""
-    return write_dir(path, lambda tmp: model.save_pretrained(str(tmp), safe_serialization=True))
+    def write(tmp: Path) -> None:
+        model.save_pretrained(str(tmp), safe_serialization=True, selected_adapters=[adapter])
+        if adapter != DEFAULT_ADAPTER:  # peft writes a named adapter into a subfolder
+            for item in (tmp / adapter).iterdir():
+                os.replace(item, tmp / item.name)
+            (tmp / adapter).rmdir()
+    return write_dir(path, write)
 
 
-def load_adapter_weights(model: Any, path: str | Path) -> None:
+def load_adapter_weights(model: Any, path: str | Path, adapter: str = DEFAULT_ADAPTER) -> None:
     """Load saved LoRA weights (safetensors only) into an already-attached LoRA."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    set_peft_model_state_dict(model, load_file(str(Path(path) / "adapter_model.safetensors")))
+    set_peft_model_state_dict(model, load_file(str(Path(path) / "adapter_model.safetensors")), adapter_name=adapter)

@@ -17,7 +17,7 @@ import torch
 
 from forge_bridge.core.types import Trajectory
 from forge_bridge.trainer.advantages import gae, step_rewards
-from forge_bridge.trainer.batch import build_samples, collate
+from forge_bridge.trainer.batch import build_samples
 from forge_bridge.trainer.config import PPOConfig
 from forge_bridge.trainer.loop import Trainer
 from forge_bridge.trainer.losses import value_loss
@@ -63,8 +63,8 @@ class PPOTrainer(Trainer):
         torch.nn.init.zeros_(head.bias)
         return {"value_head": head}
 
-    def _param_groups(self) -> list[dict]:
-        return super()._param_groups() + [{"params": list(self.extra_modules["value_head"].parameters()),
+    def _param_groups(self, slot: str) -> list[dict]:
+        return super()._param_groups(slot) + [{"params": list(self.extra_modules["value_head"].parameters()),
                                            "lr": self.config.value_lr}]
 
     def _step_values(self, trajs) -> dict[tuple[str, int], float]:
@@ -77,7 +77,7 @@ class PPOTrainer(Trainer):
             size = self.config.microbatch_size or self.config.minibatch_size
             for start in range(0, len(samples), size):
                 chunk = samples[start:start + size]
-                batch = collate(chunk, self.pad_id)
+                batch = self.collate(chunk)
                 _, hidden, _ = self.score(batch)
                 v = read_values(head, hidden, batch["value_positions"])
                 for b, sample in enumerate(chunk):

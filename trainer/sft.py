@@ -14,7 +14,7 @@ import torch
 
 from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.core.types import Trajectory
-from forge_bridge.trainer.batch import build_samples, collate
+from forge_bridge.trainer.batch import build_samples
 from forge_bridge.trainer.config import SFTConfig
 from forge_bridge.trainer.logprobs import token_logprobs
 from forge_bridge.trainer.loop import Trainer
@@ -49,7 +49,7 @@ def supervised_finetune(trainer: Trainer, demonstrations: Sequence[Trajectory],
             order = list(range(len(samples)))
             trainer.rng.shuffle(order)
             for start in range(0, len(order), size):
-                batch = collate([samples[i] for i in order[start:start + size]], trainer.pad_id)
+                batch = trainer.collate([samples[i] for i in order[start:start + size]])
                 with trainer.autocast():
                     logp, _, _ = token_logprobs(trainer.model, batch["input_ids"], batch["attention_mask"],
                                                 batch["loss_mask"])

@@ -13,7 +13,8 @@ from forge_bridge.core.errors import InvalidArgument
 DEMO_FLAGS = ("model", "out_dir", "seed", "rl_iterations", "sft_epochs")
 """DemoConfig fields the `demo` command takes as flags."""
 TRAIN_FLAGS = ("group_size", "tasks_per_iteration", "concurrency", "gamma", "lr", "epochs",
-               "minibatch_size", "kl_beta", "run_name", "out_dir", "seed")
+               "minibatch_size", "kl_beta", "lora_rank", "device", "gradient_checkpointing",
+               "run_name", "out_dir", "seed")
 """TrainerConfig fields the `train` command takes as flags."""
 QUICK = dict(train_per_kind=4, eval_per_kind=2, sft_epochs=1, rl_iterations=2, rl_tasks_per_kind=(1, 1, 1),
              group_size=4)
@@ -44,7 +45,6 @@ def _load_attr(spec: str, what: str):
 
 def _cmd_train(args: argparse.Namespace) -> int:
     import forge_bridge as fb
-    from forge_bridge.core.errors import RunExistsError
     from forge_bridge.core.runs import set_aside
 
     if args.new and args.resume:
@@ -62,8 +62,42 @@ def _cmd_train(args: argparse.Namespace) -> int:
         earlier = set_aside(config.out_dir)
         if earlier is not None:
             print(f"(the earlier run in {config.out_dir} was moved to {earlier})")
-    policy = fb.LocalPolicy(args.model)
-    trainer = (fb.GRPOTrainer if args.algo == "grpo" else fb.PPOTrainer)(policy, config)
+    server = None
+    if args.vllm:
+        from forge_bridge.policies import models
+        from forge_bridge.policies.vllm_server import VLLMServer
+
+        # LoRA on, room for the trainer's rank, the family's tool-call parser; the client
+        # parses what the server's parser leaves in the text in the same format.
+        model_dir = models.model_path(args.model)
+        tool_format = args.tool_format or _template_format(model_dir)
+        server = VLLMServer(model_dir, max_lora_rank=max(16, config.lora_rank), tool_parser=tool_format,
+                            reasoning_parser=args.reasoning_parser, max_model_len=args.max_model_len)
+        print(f"starting vLLM on {model_dir} (log: {server.log_path}) ...", flush=True)
+        server.start()
+        policy = fb.VLLMPolicy(server.base_url, tool_format=tool_format)
+    else:
+        policy = fb.LocalPolicy(args.model, device=config.device, tool_format=args.tool_format or "auto")
+    try:
+        return _train(args, policy, config, make_rollout, tasks)
+    finally:
+        policy.close()
+        if server is not None:
+            server.stop()
+
+
+def _template_format(model_dir) -> str:
+    from forge_bridge.policies import models
+    from forge_bridge.policies.toolcalls import detect_format
+
+    return detect_format(models.load_tokenizer(model_dir).chat_template)
+
+
+def _train(args: argparse.Namespace, policy, config, make_rollout, tasks) -> int:
+    import forge_bridge as fb
+    from forge_bridge.core.errors import RunExistsError
+
+    trainer = (fb.GRPOTrainer if args.algo == "grpo" else fb.PPOTrainer)(policy, config, model=args.model)
     if make_rollout is not None:
         rollout = make_rollout(policy)
     else:
@@ -264,6 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m-instruct", help="embedded name or model directory")
     p.add_argument("--algo", choices=("grpo", "ppo"), default="grpo")
     p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--vllm", action="store_true", help="roll out on a vLLM server started for the run "
+                   "(.venv-vllm; LoRA on, each new adapter loaded into it) instead of the embedded policy")
+    p.add_argument("--tool-format", choices=("hermes", "llama3_json", "mistral"),
+                   help="the model family's tool-call format (default: from its chat template)")
+    p.add_argument("--reasoning-parser", help="with --vllm: vLLM's parser for thinking blocks, e.g. qwen3")
+    p.add_argument("--max-model-len", type=int, default=2048, help="with --vllm: the server's context")
     from forge_bridge.trainer.config import TrainerConfig
 
     add_config_flags(p, TrainerConfig, TRAIN_FLAGS, aliases={"out_dir": "--out"})

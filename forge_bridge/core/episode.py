@@ -89,7 +89,8 @@ class Episode:
     # ------------------------------------------------------------------ per-role trajectories
     def child(self, key: str, **metadata: Any) -> "Episode":
         """The trajectory of one participant of this episode (a CrewAI role), created on first
-        use with the same task and group, tagged with the key and this episode's id. When this
+        use with the same task and group and this episode's metadata (its iteration, its task's
+        kind, the worker that ran it), tagged with the key and this episode's id. When this
         episode ends, its children end with it and share its reward unless given their own."""
         with self._lock:
             ep = self._children.get(key)
@@ -99,7 +100,7 @@ class Episode:
                 traj = Trajectory(id=f"{self.id}.{slug}-{len(self._children)}",
                                   task_id=self._traj.task_id, group_id=self._traj.group_id,
                                   run_id=self._traj.run_id, role=key,
-                                  metadata={"parent": self.id, **metadata})
+                                  metadata={**self._traj.metadata, "parent": self.id, **metadata})
                 self.recorder.store.begin(traj)
                 ep = self._children[key] = Episode(self.recorder, traj, parent=self)
             return ep

@@ -136,13 +136,16 @@ class Action:
     """What the policy did in one step: its text, its parsed tool calls and why it stopped.
 
     `parse_errors` keeps malformed tool calls the model wrote (as text plus the reason) so a bad
-    call is recorded as such rather than lost or raised into the agent.
+    call is recorded as such rather than lost or raised into the agent. `reasoning` is a thinking
+    block the model wrote before its answer (`<think>...</think>`), kept out of `content` and of
+    the tool-call parse; its tokens stay in the completion like every other.
     """
 
     content: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None
     parse_errors: list[dict] = field(default_factory=list)
+    reasoning: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.content, str):
@@ -156,6 +159,8 @@ class Action:
         _opt_str("Action.finish_reason", self.finish_reason)
         if not isinstance(self.parse_errors, list) or not all(isinstance(e, dict) for e in self.parse_errors):
             raise _fail("Action.parse_errors", "a list of objects", self.parse_errors)
+        if not isinstance(self.reasoning, str):
+            raise _fail("Action.reasoning", "a string", self.reasoning)
 
     @property
     def malformed(self) -> bool:
@@ -163,15 +168,19 @@ class Action:
         return bool(self.parse_errors) and not self.tool_calls
 
     def to_dict(self) -> dict:
-        return {"content": self.content, "tool_calls": [tc.to_openai() for tc in self.tool_calls],
-                "finish_reason": self.finish_reason, "parse_errors": self.parse_errors}
+        out = {"content": self.content, "tool_calls": [tc.to_openai() for tc in self.tool_calls],
+               "finish_reason": self.finish_reason, "parse_errors": self.parse_errors}
+        if self.reasoning:
+            out["reasoning"] = self.reasoning
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> "Action":
         if not isinstance(data, dict):
             raise _fail("Action", "an object", data)
         return cls(content=data.get("content") or "", tool_calls=data.get("tool_calls") or [],
-                   finish_reason=data.get("finish_reason"), parse_errors=data.get("parse_errors") or [])
+                   finish_reason=data.get("finish_reason"), parse_errors=data.get("parse_errors") or [],
+                   reasoning=data.get("reasoning") or "")
 
 
 @dataclass

@@ -82,6 +82,8 @@ class PolicyOutput:
     def message(self) -> dict:
         """The OpenAI-format assistant message."""
         msg: dict[str, Any] = {"role": "assistant", "content": self.action.content}
+        if self.action.reasoning:  # vLLM's and DeepSeek's name; templates of thinking models read it
+            msg["reasoning_content"] = self.action.reasoning
         if self.action.tool_calls:
             msg["tool_calls"] = self.tool_calls
         return msg

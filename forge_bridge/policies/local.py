@@ -1,4 +1,4 @@
-"""The embedded policy: transformers + peft in this process, CPU by default.
+"""The embedded policy: transformers + peft in this process, on the GPU when there is one.
 
 Decoding a small model on a CPU is memory-bound, so calls from concurrent agents are gathered
 into one batch (left-padded, one KV cache) by a single worker thread that owns the model: eight
@@ -24,16 +24,12 @@ from forge_bridge.core.errors import (
     WrongType,
 )
 from forge_bridge.policies.base import Policy, PolicyOutput, Sampling
+from forge_bridge.policies.device import bf16_supported, resolve_device
 from forge_bridge.policies.messages import normalize_messages
-from forge_bridge.policies.toolcalls import parse_hermes
+from forge_bridge.policies.toolcalls import FORMAT_MARKERS, PARSERS, detect_format, parse
 
 BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
-
-
-def bf16_supported() -> bool:
-    import torch
-
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+__all__ = ["LocalPolicy", "bf16_supported"]
 
 
 @dataclass
@@ -48,8 +44,12 @@ class LocalPolicy(Policy):
     """In-process policy over a transformers causal LM (the embedded SmolLM2 by default)."""
 
     def __init__(self, model: Any = "smollm2-135m-instruct", tokenizer: Any = None, *,
-                 dtype: str = "auto", max_batch: int = 8, batch_wait_s: float = 0.01,
+                 dtype: str = "auto", device: str = "auto", tool_format: str = "auto",
+                 max_batch: int = 8, batch_wait_s: float = 0.01,
                  keep_versions: int = 3, adapter_roots: Any = None) -> None:
+        """`device`: 'auto' (CUDA, then MPS, then CPU), or one by name. `dtype` 'auto': bf16
+        where the device computes it fast, else fp32. `tool_format`: how replies are parsed for
+        tool calls ('hermes', 'llama3_json', 'mistral'; 'auto': from the chat template)."""
         super().__init__(keep_versions=keep_versions, adapter_roots=adapter_roots)
         import torch
 
@@ -64,13 +64,23 @@ class LocalPolicy(Policy):
             raise WrongType("LocalPolicy(model, tokenizer): a model object needs its tokenizer")
         if dtype not in ("auto", "bfloat16", "float32"):
             raise InvalidArgument(f"dtype: expected 'auto', 'bfloat16' or 'float32', got {dtype!r}")
+        if tool_format != "auto" and tool_format not in PARSERS:
+            raise InvalidArgument(f"tool_format: expected 'auto' or one of {sorted(PARSERS)}, got {tool_format!r}")
+        self.device = resolve_device(device)
+        """Where the model runs ('cuda', 'mps' or 'cpu')."""
         if dtype == "auto":
-            dtype = "bfloat16" if bf16_supported() else "float32"
+            dtype = "bfloat16" if bf16_supported(self.device) else "float32"
         if max_batch < 1:
             raise InvalidArgument(f"max_batch: expected >= 1, got {max_batch}")
         self.dtype = getattr(torch, dtype)
-        self.model = model.to(self.dtype).eval()
+        self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.tokenizer = tokenizer
+        self.tool_format = detect_format(tokenizer.chat_template) if tool_format == "auto" else tool_format
+        """The tool-call format replies are parsed in."""
+        markers = {tokenizer.convert_tokens_to_ids(m) for m in FORMAT_MARKERS
+                   if m in getattr(tokenizer, "all_special_tokens", [])}
+        self._drop_ids = set(tokenizer.all_special_ids) - markers if markers else None
+        """Special tokens left out of a reply's text when some (`[TOOL_CALLS]`) must stay in it."""
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
         self.eos_id = tokenizer.eos_token_id
@@ -148,6 +158,7 @@ class LocalPolicy(Policy):
         for i, r in enumerate(batch):  # left padding: every row's next token is at the end
             ids[i, width - len(r.prompt):] = torch.tensor(r.prompt)
             mask[i, width - len(r.prompt):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         limits = [min(r.sampling.max_tokens, self.max_context - len(r.prompt)) for r in batch]
         generators = []
@@ -170,7 +181,7 @@ class LocalPolicy(Policy):
                 out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
                             cache=cache, use_cache=True, logits_to_keep=1, **extra)
                 cache = out.cache
-                logits = out.logits[:, -1, :].float()
+                logits = out.logits[:, -1, :].float().cpu()  # sampled with CPU generators
                 nxt = torch.full((len(active),), self.pad_id, dtype=torch.long)
                 for k, i in enumerate(active):
                     r = batch[i]
@@ -182,11 +193,11 @@ class LocalPolicy(Policy):
                 keep = [k for k, i in enumerate(active) if not done[i]]
                 if not keep:
                     break
-                step_ids = nxt[:, None]
+                step_ids = nxt[:, None].to(self.device)
                 step_pos = step_pos[:, -1:] + 1
-                mask = torch.cat([mask, torch.ones((len(active), 1), dtype=torch.long)], dim=1)
+                mask = torch.cat([mask, torch.ones((len(active), 1), dtype=torch.long, device=self.device)], dim=1)
                 if len(keep) < len(active):  # finished rows leave: a long straggler decodes alone
-                    rows = torch.tensor(keep)
+                    rows = torch.tensor(keep, device=self.device)
                     cache.batch_select_indices(rows)
                     step_ids, step_pos, mask = step_ids[rows], step_pos[rows], mask[rows]
                     active = [active[k] for k in keep]
@@ -194,8 +205,12 @@ class LocalPolicy(Policy):
 
     def _output(self, req: _Request, tokens: list[int], logprobs: list[float]) -> PolicyOutput:
         ended = bool(tokens) and tokens[-1] == self.eos_id
-        text = self.tokenizer.decode(tokens[:-1] if ended else tokens, skip_special_tokens=True)
-        action = parse_hermes(text, "stop" if ended else "length")
+        reply = tokens[:-1] if ended else tokens
+        if self._drop_ids is None:
+            text = self.tokenizer.decode(reply, skip_special_tokens=True)
+        else:
+            text = self.tokenizer.decode([t for t in reply if t not in self._drop_ids], skip_special_tokens=False)
+        action = parse(text, "stop" if ended else "length", self.tool_format)
         return PolicyOutput(action=action, prompt_token_ids=req.prompt, completion_token_ids=tokens,
                             completion_logprobs=logprobs, adapter=req.adapter)
 

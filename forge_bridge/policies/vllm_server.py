@@ -58,8 +58,13 @@ class VLLMServer:
                  adapters: dict[str, str | os.PathLike] | None = None,
                  max_model_len: int = 1024, max_lora_rank: int = 16, max_loras: int = 3,
                  dtype: str = "bfloat16", kv_cache_gib: int = 1, python: str | None = None,
-                 log_path: str | os.PathLike | None = None, extra_args: Sequence[str] = ()) -> None:
+                 log_path: str | os.PathLike | None = None, tool_parser: str = "hermes",
+                 reasoning_parser: str | None = None, extra_args: Sequence[str] = ()) -> None:
+        """`tool_parser`: vLLM's parser for the model family's tool calls ('hermes' for Qwen and
+        the embedded model, 'llama3_json', 'mistral', ...); `reasoning_parser`: its parser for
+        thinking blocks ('qwen3', 'deepseek_r1'; None: off)."""
         self.model = str(model)
+        self.tool_parser = tool_parser
         self.served_name = served_name
         self.host = host
         self.port = port or free_port(host)
@@ -67,7 +72,8 @@ class VLLMServer:
         self.args = ["--max-model-len", str(max_model_len), "--dtype", dtype,
                      "--enable-lora", "--max-lora-rank", str(max_lora_rank),
                      "--max-loras", str(max_loras),
-                     "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                     "--enable-auto-tool-choice", "--tool-call-parser", tool_parser,
+                     *(["--reasoning-parser", reasoning_parser] if reasoning_parser else []),
                      # logprobs of the distribution that sampled (temperature and top-p applied),
                      # the ones importance weights need, not of the raw logits
                      "--logprobs-mode", "processed_logprobs", *extra_args]

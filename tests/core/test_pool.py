@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from forge_bridge.core.errors import AdapterError, PolicyResponseError, PolicyUnavailable, Unsupported, WrongType
+from forge_bridge.core.errors import (
+    AdapterError,
+    PolicyResponseError,
+    PolicyUnavailable,
+    Unsupported,
+    WrongType,
+)
 from forge_bridge.core.types import Action
 from forge_bridge.policies.base import Policy, PolicyOutput
 from forge_bridge.policies.pool import PolicyPool

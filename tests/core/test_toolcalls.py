@@ -41,3 +41,80 @@ def test_several_calls_and_bad_shapes():
 def test_plain_text_is_untouched():
     action = parse_hermes("  The answer is 5. ", "stop")
     assert action.content == "The answer is 5." and not action.tool_calls and not action.parse_errors
+
+
+# ---------------------------------------------------------------------- other model families
+import pytest  # noqa: E402
+
+from forge_bridge.core.errors import InvalidArgument  # noqa: E402
+from forge_bridge.policies.toolcalls import (  # noqa: E402
+    detect_format,
+    parse,
+    parse_llama3_json,
+    parse_mistral,
+    split_reasoning,
+)
+
+
+def test_llama3_json_call_with_and_without_python_tag():
+    for text in ('{"name": "add", "parameters": {"a": 1, "b": 2}}',
+                 '<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 2}}'):
+        action = parse_llama3_json(text, "stop")
+        (call,) = action.tool_calls
+        assert call.name == "add" and json.loads(call.arguments) == {"a": 1, "b": 2}
+        assert action.content == "" and action.finish_reason == "tool_calls" and not action.parse_errors
+
+
+def test_llama3_json_several_calls_plain_text_and_errors():
+    action = parse_llama3_json('{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"x": 1}}', "stop")
+    assert [c.name for c in action.tool_calls] == ["a", "b"]
+    plain = parse_llama3_json("The answer is {probably} 5.", "stop")
+    assert plain.content == "The answer is {probably} 5." and not plain.tool_calls and not plain.parse_errors
+    bad = parse_llama3_json('{"name": "add", "parameters": {"a": 1,}', "length")
+    assert not bad.tool_calls and bad.finish_reason == "length"
+    assert bad.parse_errors[0]["error"] == "tool call is not valid JSON" and bad.content.startswith('{"name"')
+    nameless = parse_llama3_json('{"parameters": {}}', "stop")
+    assert nameless.parse_errors[0]["error"] == "tool call has no 'name' string"
+
+
+def test_mistral_list_format_and_content_before_it():
+    action = parse_mistral('Adding now. [TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}, '
+                           '{"name": "mul", "arguments": {"b": 2}}]', "stop")
+    assert action.content == "Adding now." and [c.name for c in action.tool_calls] == ["add", "mul"]
+    assert json.loads(action.tool_calls[1].arguments) == {"b": 2} and action.finish_reason == "tool_calls"
+
+
+def test_mistral_name_args_format_and_errors():
+    action = parse_mistral('[TOOL_CALLS]add[ARGS]{"a": 1, "b": 2}[TOOL_CALLS]neg[ARGS]{"x": 3}', "stop")
+    assert [(c.name, json.loads(c.arguments)) for c in action.tool_calls] == [("add", {"a": 1, "b": 2}),
+                                                                          ("neg", {"x": 3})]
+    bad = parse_mistral('[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}', "length")
+    assert not bad.tool_calls and "not valid JSON" in bad.parse_errors[0]["error"]
+    assert bad.content.startswith("[TOOL_CALLS]")  # the malformed call stays visible
+    bad_args = parse_mistral("[TOOL_CALLS]add[ARGS]{a: 1}", "stop")
+    assert bad_args.parse_errors[0]["error"] == "tool call 'arguments' is a string that is not JSON"
+    assert parse_mistral("just text", "stop").content == "just text"
+
+
+def test_reasoning_is_split_off_and_never_parsed_for_calls():
+    text = ('<think>\nMaybe <tool_call>{"name": "multiply", "arguments": {}}</tool_call>? No, add.\n</think>\n'
+            '<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>')
+    action = parse(text, "stop", "hermes")
+    assert [c.name for c in action.tool_calls] == ["add"] and not action.parse_errors
+    assert action.reasoning.startswith("Maybe <tool_call>") and action.reasoning.endswith("No, add.")
+    assert action.to_dict()["reasoning"] == action.reasoning
+    # the template opened the block in the prompt: the reply starts inside it
+    assert split_reasoning("thinking...</think>The answer is 5.") == ("thinking...", "The answer is 5.")
+    # cut by max_tokens while thinking: all of it is reasoning, no content, no calls
+    cut = parse('<think>first <tool_call>{"name": "add"', "length", "hermes")
+    assert cut.reasoning == 'first <tool_call>{"name": "add"' and cut.content == "" and not cut.tool_calls
+    assert split_reasoning("no thinking here") == ("", "no thinking here")
+
+
+def test_detect_format_from_templates_and_unknown_format():
+    assert detect_format("{{ '[TOOL_CALLS]' + x }}") == "mistral"
+    assert detect_format("<|start_header_id|>{{ role }}<|end_header_id|>") == "llama3_json"
+    assert detect_format("<tool_call>\n{{ call | tojson }}\n</tool_call>") == "hermes"
+    assert detect_format(None) == "hermes"
+    with pytest.raises(InvalidArgument, match="tool_format"):
+        parse("x", "stop", "pythonic")

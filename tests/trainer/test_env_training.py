@@ -40,7 +40,7 @@ def terminal_model(path) -> str:
         call = {"id": "c", "type": "function", "function": {"name": "write_file", "arguments": json.dumps(
             {"path": "hello.txt", "content": content})}}
         return ask + [{"role": "assistant", "content": "", "tool_calls": [call]},
-                      {"role": "tool", "tool_call_id": "c", "content": f"wrote 5 characters to hello.txt"}]
+                      {"role": "tool", "tool_call_id": "c", "content": "wrote 5 characters to hello.txt"}]
 
     testing.teach(model, tokenizer, [(ask, tools, write_call("hello")), (ask, tools, write_call("hullo")),
                                      (after("hello"), tools, "Done."), (after("hullo"), tools, "Done.")],
