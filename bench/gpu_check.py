@@ -32,13 +32,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def import_from_checkout() -> None:
-    """`forge_bridge` from this checkout, uninstalled: its `trainer` and `adapters` packages live
-    at the repository root (pyproject maps them), so the root joins the package's path."""
-    sys.path.insert(0, str(ROOT))
-    import forge_bridge
+    """`forge_bridge` from this checkout when it is not installed: its `trainer` and `adapters`
+    packages live at the repository root (pyproject maps them), so a folder of links lays the
+    package out as an install would."""
+    import importlib.util
 
-    if str(ROOT) not in forge_bridge.__path__:
-        forge_bridge.__path__.append(str(ROOT))
+    if importlib.util.find_spec("forge_bridge") is not None:
+        return
+    package = Path(tempfile.mkdtemp(prefix="forge-bridge-src-")) / "forge_bridge"
+    package.mkdir()
+    for item in (ROOT / "forge_bridge").iterdir():
+        (package / item.name).symlink_to(item)
+    for name in ("adapters", "trainer"):
+        (package / name).symlink_to(ROOT / name)
+    sys.path.insert(0, str(package.parent))
 
 
 CONFIGS = {  # the published configurations' shapes (vocabulary included: the head costs)

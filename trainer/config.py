@@ -80,7 +80,7 @@ class TrainerConfig:
     bf16: bool | None = None
     """bf16 autocast for the update (None: where the device computes bf16 fast)."""
     gradient_checkpointing: bool = False
-    """Recompute the decoder's activations in the backward pass: less memory, ~30 % more time."""
+    """Recompute the decoder's activations in the backward pass: less memory, more time."""
     run_name: str = "run"
     """Adapter versions are published as '<run_name>-v<N>'."""
     out_dir: str = "runs/train"

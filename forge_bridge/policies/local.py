@@ -1,9 +1,10 @@
 """The embedded policy: transformers + peft in this process, on the GPU when there is one.
 
-Decoding a small model on a CPU is memory-bound, so calls from concurrent agents are gathered
-into one batch (left-padded, one KV cache) by a single worker thread that owns the model: eight
-callers cost little more than one. Each row of a batch carries its own adapter (peft's mixed
-adapter batches), so a swap never changes the version of a call already queued.
+Decoding a small model on a CPU is memory-bound, so calls from concurrent agents share one
+running batch (one KV cache) decoded by a single worker thread that owns the model: eight
+callers cost little more than one. A call joins the running batch at the next decode step and
+leaves it when it ends (continuous batching, `decoding.py`). Each row carries its own adapter
+(peft's mixed adapter batches), so a swap never changes the version of a call already queued.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from forge_bridge.core.errors import (
     WrongType,
 )
 from forge_bridge.policies.base import Policy, PolicyOutput, Sampling
+from forge_bridge.policies.decoding import Decoder, PrefixCache
 from forge_bridge.policies.device import bf16_supported, resolve_device
 from forge_bridge.policies.messages import normalize_messages
 from forge_bridge.policies.toolcalls import FORMAT_MARKERS, PARSERS, detect_format, parse
 
-BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
 __all__ = ["LocalPolicy", "bf16_supported"]
 
 
@@ -45,11 +46,14 @@ class LocalPolicy(Policy):
 
     def __init__(self, model: Any = "smollm2-135m-instruct", tokenizer: Any = None, *,
                  dtype: str = "auto", device: str = "auto", tool_format: str = "auto",
-                 max_batch: int = 8, batch_wait_s: float = 0.01,
-                 keep_versions: int = 3, adapter_roots: Any = None) -> None:
+                 max_batch: int = 8, batch_wait_s: float = 0.01, prefix_cache_tokens: int = 16384,
+                 continuous_batching: bool = True, keep_versions: int = 3, adapter_roots: Any = None) -> None:
         """`device`: 'auto' (CUDA, then MPS, then CPU), or one by name. `dtype` 'auto': bf16
         where the device computes it fast, else fp32. `tool_format`: how replies are parsed for
-        tool calls ('hermes', 'llama3_json', 'mistral'; 'auto': from the chat template)."""
+        tool calls ('hermes', 'llama3_json', 'mistral'; 'auto': from the chat template).
+        `max_batch`: most calls decoding at once. `prefix_cache_tokens`: KV of finished calls
+        kept for the next call that extends one (the next step of an episode); 0: none.
+        `continuous_batching=False`: a call waits for the running batch to end (for comparison)."""
         super().__init__(keep_versions=keep_versions, adapter_roots=adapter_roots)
         import torch
 
@@ -72,6 +76,10 @@ class LocalPolicy(Policy):
             dtype = "bfloat16" if bf16_supported(self.device) else "float32"
         if max_batch < 1:
             raise InvalidArgument(f"max_batch: expected >= 1, got {max_batch}")
+        if isinstance(prefix_cache_tokens, bool) or not isinstance(prefix_cache_tokens, int) or prefix_cache_tokens < 0:
+            raise InvalidArgument(f"prefix_cache_tokens: expected an int >= 0, got {prefix_cache_tokens!r}")
+        self._prefixes = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+        self.continuous_batching = bool(continuous_batching)
         self.dtype = getattr(torch, dtype)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.tokenizer = tokenizer
@@ -91,9 +99,8 @@ class LocalPolicy(Policy):
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._worker = threading.Thread(target=self._serve, name="forge-local-policy", daemon=True)
         self._closed = False
+        self._running = self._decoder()  # replaced by the worker's own when it starts
         self._worker.start()
-        self.batches_run = 0
-        """How many batched forward passes have run (tests and benchmarks read it)."""
 
     # ------------------------------------------------------------------ calls
     def encode(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
@@ -120,88 +127,80 @@ class LocalPolicy(Policy):
         return await asyncio.wrap_future(self._submit(messages, tools, sampling, adapter))
 
     # ------------------------------------------------------------------ the batching worker
+    def _decoder(self, prefixes: PrefixCache | None = None) -> Decoder:
+        return Decoder(lambda: self._peft if self._peft is not None else self.model, device=self.device,
+                       pad_id=self.pad_id, eos_id=self.eos_id, max_context=self.max_context,
+                       uses_adapters=lambda: self._peft is not None, prefixes=prefixes)
+
+    def _take(self, running: bool, room: int) -> tuple[list[_Request], bool]:
+        """Requests to admit now, and whether close() was called. Idle, it waits for one and
+        gathers those arriving within `batch_wait_s`; while rows decode, it takes only what is
+        already queued (they join at the next step)."""
+        taken: list[_Request] = []
+        closing = False
+        try:
+            if not running:
+                first = self._queue.get()
+                if first is None:
+                    return [], True
+                taken.append(first)
+            while len(taken) < room:
+                nxt = self._queue.get(timeout=self.batch_wait_s) if not running else self._queue.get_nowait()
+                if nxt is None:
+                    closing = True
+                    break
+                taken.append(nxt)
+        except queue.Empty:
+            pass
+        return taken, closing
+
     def _serve(self) -> None:
+        decoder = self._decoder(self._prefixes)
+        self._running = decoder
+        closing = False
         while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            batch = [first]
-            try:
-                while len(batch) < self.max_batch:
-                    nxt = self._queue.get(timeout=self.batch_wait_s)
-                    if nxt is None:
-                        self._queue.put(None)
-                        break
-                    batch.append(nxt)
-            except queue.Empty:
-                pass
+            new: list[_Request] = []
+            if not closing and (not decoder.rows or (decoder.joinable and self.continuous_batching)):
+                new, closing = self._take(bool(decoder.rows), self.max_batch - len(decoder.rows))
+            if not new and not decoder.rows:
+                if closing:
+                    return
+                continue
+            ended = []
             try:
                 with self._model_lock:
-                    outputs = self._generate(batch)
-                self.batches_run += 1
-                for req, out in zip(batch, outputs):
-                    req.future.set_result(out)
-            except Exception as exc:  # reported to every caller of this batch, never swallowed
-                for req in batch:
+                    if new:
+                        ended += decoder.admit(new)
+                    if decoder.rows:
+                        ended += decoder.step()
+            except Exception as exc:  # reported to every caller in the batch, never swallowed
+                error = PolicyError(f"local generation failed: {type(exc).__name__}: {exc}")
+                for req in new + [row.request for row in decoder.drop_all()]:
                     if not req.future.done():
-                        req.future.set_exception(
-                            PolicyError(f"local generation failed: {type(exc).__name__}: {exc}"))
+                        req.future.set_exception(error)
+                continue
+            for row in ended:
+                row.request.future.set_result(self._output(row.request, row.tokens, row.logprobs))
+
+    @property
+    def batches_run(self) -> int:
+        """Prefill passes run so far: each admits every request that arrived together."""
+        return self._running.prefills
+
+    @property
+    def reused_tokens(self) -> int:
+        """Prompt tokens the running batch did not prefill: a finished call's KV covered them."""
+        return self._running.reused_tokens
 
     def _generate(self, batch: list[_Request]) -> list[PolicyOutput]:
-        import torch
-
-        from forge_bridge.policies.next_token import sample_next
-
-        n, width = len(batch), max(len(r.prompt) for r in batch)
-        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for i, r in enumerate(batch):  # left padding: every row's next token is at the end
-            ids[i, width - len(r.prompt):] = torch.tensor(r.prompt)
-            mask[i, width - len(r.prompt):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        limits = [min(r.sampling.max_tokens, self.max_context - len(r.prompt)) for r in batch]
-        generators = []
-        for r in batch:
-            g = torch.Generator()
-            g.manual_seed(r.sampling.seed if r.sampling.seed is not None else
-                          int(torch.randint(0, 2**62, (1,)).item()))
-            generators.append(g)
-        names = [r.adapter or BASE for r in batch]
-        model = self._peft if self._peft is not None else self.model
-        tokens: list[list[int]] = [[] for _ in batch]
-        logprobs: list[list[float]] = [[] for _ in batch]
-        done = [False] * n
-        active = list(range(n))  # row k of the running batch is request active[k]
-        cache = None
-        with torch.inference_mode():
-            step_ids, step_pos = ids, positions
-            for _ in range(max(limits)):
-                extra = {"adapter_names": [names[i] for i in active]} if self._peft is not None else {}
-                out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
-                            cache=cache, use_cache=True, logits_to_keep=1, **extra)
-                cache = out.cache
-                logits = out.logits[:, -1, :].float().cpu()  # sampled with CPU generators
-                nxt = torch.full((len(active),), self.pad_id, dtype=torch.long)
-                for k, i in enumerate(active):
-                    r = batch[i]
-                    tok, logp = sample_next(logits[k], r.sampling.temperature, r.sampling.top_p, generators[i])
-                    nxt[k] = tok
-                    tokens[i].append(tok)
-                    logprobs[i].append(logp)
-                    done[i] = tok == self.eos_id or len(tokens[i]) >= limits[i]
-                keep = [k for k, i in enumerate(active) if not done[i]]
-                if not keep:
-                    break
-                step_ids = nxt[:, None].to(self.device)
-                step_pos = step_pos[:, -1:] + 1
-                mask = torch.cat([mask, torch.ones((len(active), 1), dtype=torch.long, device=self.device)], dim=1)
-                if len(keep) < len(active):  # finished rows leave: a long straggler decodes alone
-                    rows = torch.tensor(keep, device=self.device)
-                    cache.batch_select_indices(rows)
-                    step_ids, step_pos, mask = step_ids[rows], step_pos[rows], mask[rows]
-                    active = [active[k] for k in keep]
-        return [self._output(r, toks, lps) for r, toks, lps in zip(batch, tokens, logprobs)]
+        """Decode `batch` to the end in a batch of its own (callers go through the worker)."""
+        decoder = self._decoder()
+        with self._model_lock:
+            finished = decoder.admit(batch)
+            while decoder.rows:
+                finished += decoder.step()
+        rows = {id(row.request): row for row in finished}
+        return [self._output(r, rows[id(r)].tokens, rows[id(r)].logprobs) for r in batch]
 
     def _output(self, req: _Request, tokens: list[int], logprobs: list[float]) -> PolicyOutput:
         ended = bool(tokens) and tokens[-1] == self.eos_id
@@ -260,6 +259,8 @@ class LocalPolicy(Policy):
                 if remaining:  # peft refuses to delete the active adapter while others exist
                     self._peft.set_adapter(remaining[-1])
                     self._peft.delete_adapter(version)
+            if self._prefixes is not None:
+                self._prefixes.forget(version)
 
     def close(self) -> None:
         if not self._closed:

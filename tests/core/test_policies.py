@@ -291,3 +291,97 @@ def test_sampling_overrides_apply_to_every_call_in_the_context(backend):
     with pytest.raises(ValueError, match="temperature"):
         with fb.sampling(temperature=-2):
             pass
+
+
+def test_a_call_joins_the_running_batch_mid_flight_and_decodes_as_it_would_alone(taught_model_dir):
+    """Continuous batching: B arrives while A is 5 tokens into a long answer; B is prefilled,
+    stacked onto A's cache and decoded with it, and both give the tokens they give alone."""
+    from concurrent.futures import Future
+
+    from forge_bridge.policies.base import Sampling
+    from forge_bridge.policies.local import _Request
+
+    with LocalPolicy(str(taught_model_dir), dtype="float32") as policy:
+        long_prompt = policy.encode([{"role": "user", "content": "Say something long."}])
+        short_prompt = policy.encode(testing.AFTER_TOOL, [testing.ADD_TOOL])
+
+        def request(prompt, **sampling):
+            return _Request(prompt, Sampling(max_tokens=40, **sampling), None, Future())
+
+        for sampling in ({"temperature": 0.0}, {"temperature": 1.0, "seed": 7}):
+            alone = [policy._generate([request(p, **sampling)])[0] for p in (long_prompt, short_prompt)]
+            decoder = policy._decoder()
+            a, b = request(long_prompt, **sampling), request(short_prompt, **sampling)
+            finished = decoder.admit([a])
+            for _ in range(5):
+                finished += decoder.step()
+            assert len(decoder.rows) == 1 and len(decoder.rows[0].tokens) == 6
+            finished += decoder.admit([b])  # joins: 2 rows from the next step on
+            assert len(decoder.rows) == 2 and decoder.mask.shape[0] == 2
+            while decoder.rows:
+                finished += decoder.step()
+            rows = {id(row.request): row for row in finished}
+            for req, single in zip((a, b), alone):
+                assert rows[id(req)].tokens == single.completion_token_ids, sampling
+                assert rows[id(req)].logprobs == pytest.approx(single.completion_logprobs, abs=1e-3)
+            assert decoder.prefills == 2
+
+
+def test_concurrent_callers_do_not_wait_for_a_long_call_to_finish():
+    """A short call made while a long one decodes joins it and returns before the long one ends
+    (an untaught tiny model: its answers run to max_tokens)."""
+    long_ask = ([{"role": "user", "content": "Say something long."}], None)
+    with LocalPolicy(*models.tiny(seed=5), dtype="float32", max_batch=4) as policy:
+        for seed in range(50):  # a seed whose answer runs long: the premise of the test
+            alone = policy.chat(*long_ask, temperature=1.0, seed=seed, max_tokens=400)
+            if len(alone.completion_token_ids) >= 300:
+                break
+        assert len(alone.completion_token_ids) >= 300
+        done: dict[str, float] = {}
+        start = threading.Event()
+
+        def long_call():
+            start.set()
+            done["long_tokens"] = policy.chat(*long_ask, temperature=1.0, seed=seed,
+                                              max_tokens=400).completion_token_ids
+            done["long"] = time.perf_counter()
+
+        thread = threading.Thread(target=long_call)
+        thread.start()
+        start.wait()
+        time.sleep(0.2)  # the long call is decoding
+        short = policy.chat(testing.ASK, temperature=1.0, seed=1, max_tokens=5)
+        done["short"] = time.perf_counter()
+        thread.join()
+        assert len(short.completion_token_ids) <= 5
+        assert done["long_tokens"] == alone.completion_token_ids  # joining changed nothing
+        assert done["short"] < done["long"], "the short call waited for the long one"
+
+
+def test_the_next_step_of_an_episode_prefills_only_what_is_new(taught_model_dir, adapter_dirs):
+    """The second call of an episode extends the first (its reply and the tool result added):
+    its prompt's shared prefix comes from the first call's KV, and the answer is the same as
+    with nothing reused. A different adapter never reuses another's KV."""
+    tools = [testing.ADD_TOOL]
+    with LocalPolicy(str(taught_model_dir), dtype="float32") as cached, \
+            LocalPolicy(str(taught_model_dir), dtype="float32", prefix_cache_tokens=0) as plain:
+        for sampling in (GREEDY, {"temperature": 1.0, "seed": 11, "max_tokens": 40}):
+            first = cached.chat(testing.ASK, tools=tools, **GREEDY)
+            (call,) = first.tool_calls
+            follow = testing.ASK + [first.message, {"role": "tool", "tool_call_id": call["id"], "content": "5"}]
+            before = cached.reused_tokens
+            second = cached.chat(follow, tools=tools, **sampling)
+            reused = cached.reused_tokens - before
+            assert reused >= len(first.prompt_token_ids), (reused, len(first.prompt_token_ids))
+            assert reused < len(second.prompt_token_ids)
+            reference = plain.chat(follow, tools=tools, **sampling)
+            assert second.completion_token_ids == reference.completion_token_ids
+            assert second.completion_logprobs == pytest.approx(reference.completion_logprobs, abs=1e-3)
+        assert plain.reused_tokens == 0
+        cached.load_adapter(adapter_dirs["v1"], "v1")
+        before = cached.reused_tokens
+        adapted = cached.chat(follow, tools=tools, **GREEDY)
+        assert cached.reused_tokens == before  # the base model's KV is not the adapter's
+        assert adapted.adapter == "v1"
+    with pytest.raises(Exception, match="prefix_cache_tokens"):
+        LocalPolicy(str(taught_model_dir), prefix_cache_tokens=-1)

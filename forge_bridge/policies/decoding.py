@@ -1,0 +1,264 @@
+"""Continuous batching for the embedded policy: one running batch that requests join and leave
+between decode steps.
+
+A request arriving while others decode does not wait for them to finish: its prompt is
+prefilled (together with any others that arrived meanwhile), its KV cache is left-padded to the
+running batch's length and stacked onto it, and from the next step on it decodes with the rest.
+A row leaves as soon as it ends. Each row keeps its own position ids, sampling settings, seeded
+generator and adapter (peft's mixed-adapter batches), so a row decodes the same tokens whether
+it ran alone or joined a batch mid-flight (up to the float rounding of padded attention).
+
+The next call of an episode usually extends the last one (the same conversation plus a reply
+and a tool result): `PrefixCache` keeps the KV of finished calls, and a call whose prompt starts
+with the same tokens (under the same adapter) prefills only the rest.
+
+State between steps, for the n running rows: the KV cache and the attention mask over the L
+tokens fed so far ([n, L], left padding masked out), and per row the token sampled last, not yet
+fed, and its position.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from forge_bridge.policies.next_token import sample_next
+
+BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
+
+
+@dataclass
+class Row:
+    """One request being decoded."""
+
+    request: Any
+    """The caller's request: `.prompt` (token ids), `.sampling`, `.adapter`, `.future`."""
+    limit: int
+    """Most tokens it may generate (its max_tokens, cut to the model's context)."""
+    generator: Any
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    position: int = 0
+    """Position id of the next token fed (the last sampled one)."""
+    done: bool = False
+
+
+class PrefixCache:
+    """KV caches of finished calls, keyed by their fed token ids and adapter, least recently used
+    first out once they hold more than `max_tokens` tokens in all."""
+
+    def __init__(self, max_tokens: int, min_reuse: int = 16) -> None:
+        self.max_tokens, self.min_reuse = max_tokens, min_reuse
+        self._entries: OrderedDict[int, tuple[str | None, list[int], list]] = OrderedDict()
+        self._tokens = 0
+        self._next = 0
+
+    def put(self, adapter: str | None, ids: list[int], kv: list) -> None:
+        """Keep `kv` (per layer (keys, values) [1, heads, len(ids), dim]) for these ids."""
+        if not self.max_tokens or len(ids) > self.max_tokens or len(ids) < self.min_reuse:
+            return
+        self._entries[self._next] = (adapter, ids, kv)
+        self._next += 1
+        self._tokens += len(ids)
+        while self._tokens > self.max_tokens:
+            _, (_, old, _) = self._entries.popitem(last=False)
+            self._tokens -= len(old)
+
+    def match(self, adapter: str | None, prompt: list[int]) -> tuple[int, list] | None:
+        """(n, kv) of the entry sharing the longest prefix with `prompt` (at least `min_reuse`
+        tokens, at most all but its last token, so something is left to feed), or None."""
+        best, best_key = 0, None
+        for key, (owner, ids, _) in self._entries.items():
+            if owner != adapter:
+                continue
+            n = len(os.path.commonprefix([ids, prompt]))
+            if n > best:
+                best, best_key = n, key
+        best = min(best, len(prompt) - 1)
+        if best_key is None or best < self.min_reuse:
+            return None
+        self._entries.move_to_end(best_key)
+        return best, self._entries[best_key][2]
+
+    def forget(self, adapter: str | None) -> None:
+        """Drop the entries of an adapter that is no longer served."""
+        for key in [k for k, (owner, _, _) in self._entries.items() if owner == adapter]:
+            self._tokens -= len(self._entries.pop(key)[1])
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class Decoder:
+    """The running batch of one model (`model_for()` gives the model to call: plain or peft)."""
+
+    def __init__(self, model_for: Callable[[], Any], *, device: str, pad_id: int, eos_id: int,
+                 max_context: int, uses_adapters: Callable[[], bool], prefixes: PrefixCache | None = None) -> None:
+        self.model_for, self.uses_adapters = model_for, uses_adapters
+        self.device, self.pad_id, self.eos_id, self.max_context = device, pad_id, eos_id, max_context
+        self.prefixes = prefixes
+        self.reused_tokens = 0
+        """Prompt tokens not prefilled because a finished call's KV covered them."""
+        self.joinable = True
+        """Whether rows can join mid-flight: plain growing caches only (no sliding windows)."""
+        self.rows: list[Row] = []
+        self.cache: Any = None
+        self.mask: Any = None  # [n, L]
+        self.prefills = 0
+        """Prefill passes run (each admits every request that arrived together)."""
+        self.steps = 0
+        """Decode steps run (each one forward pass over every running row)."""
+
+    # ------------------------------------------------------------------ joining
+    def admit(self, requests: list) -> list[Row]:
+        """Prefill `requests`, sample each one's first token, and stack them onto the running
+        batch; returns the rows that already ended (their first token ended them). Requests
+        whose prompt extends a finished call's tokens prefill only the rest, one by one; the
+        others prefill together."""
+        rows = [self._row(r) for r in requests]
+        ended: list[Row] = []
+        fresh = []
+        for row in rows:
+            hit = self.prefixes.match(row.request.adapter, row.request.prompt) if self.prefixes else None
+            if hit is None:
+                fresh.append(row)
+            else:
+                ended += self._prefill([row], hit)
+        if fresh:
+            ended += self._prefill(fresh)
+        return ended
+
+    def _prefill(self, rows: list[Row], past: tuple[int, list] | None = None) -> list[Row]:
+        import torch
+
+        if past is None:
+            n, width = len(rows), max(len(r.request.prompt) for r in rows)
+            ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((n, width), dtype=torch.long)
+            for i, row in enumerate(rows):  # left padding: every row's last prompt token at the end
+                prompt = row.request.prompt
+                ids[i, width - len(prompt):] = torch.tensor(prompt)
+                mask[i, width - len(prompt):] = 1
+            ids, mask = ids.to(self.device), mask.to(self.device)
+            positions, cache = (mask.cumsum(-1) - 1).clamp(min=0), None
+        else:  # one row: its first `reused` prompt tokens come from the cache
+            from transformers import DynamicCache
+
+            reused, kv = past
+            prompt = rows[0].request.prompt
+            ids = torch.tensor([prompt[reused:]], device=self.device)
+            mask = torch.ones((1, len(prompt)), dtype=torch.long, device=self.device)
+            positions = torch.arange(reused, len(prompt), device=self.device)[None]
+            cache = DynamicCache([(k[:, :, :reused], v[:, :, :reused]) for k, v in kv])
+            self.reused_tokens += reused
+        for row in rows:
+            row.position = len(row.request.prompt)
+        out = self._forward(ids, mask, positions, cache, rows)
+        self.prefills += 1
+        self._sample(rows, out.logits[:, -1, :])
+        self._keep_prefixes(rows, out.cache)
+        live = [i for i, row in enumerate(rows) if not row.done]
+        if live:
+            self._stack([rows[i] for i in live], out.cache, mask, live)
+        return [row for row in rows if row.done]
+
+    def _keep_prefixes(self, rows: list[Row], cache: Any) -> None:
+        """Keep the KV of the rows that just ended (their fed tokens are the last
+        `position` of their cache row) for a later call that extends them."""
+        from transformers.cache_utils import DynamicLayer
+
+        if self.joinable and any(type(layer) is not DynamicLayer for layer in cache.layers):
+            self.joinable = False  # sliding windows: no padding tricks, no reuse
+            self.prefixes = None
+        if self.prefixes is None:
+            return
+        for i, row in enumerate(rows):
+            if row.done:
+                fed = row.request.prompt + row.tokens[:-1]
+                kv = [(layer.keys[i:i + 1, :, -row.position:].clone(), layer.values[i:i + 1, :, -row.position:].clone())
+                      for layer in cache.layers]
+                self.prefixes.put(row.request.adapter, fed, kv)
+
+    def _row(self, request) -> Row:
+        import torch
+
+        limit = min(request.sampling.max_tokens, self.max_context - len(request.prompt))
+        g = torch.Generator()
+        g.manual_seed(request.sampling.seed if request.sampling.seed is not None else
+                      int(torch.randint(0, 2**62, (1,)).item()))
+        return Row(request, limit, g)
+
+    def _stack(self, rows: list[Row], cache: Any, mask: Any, keep: list[int]) -> None:
+        """Add prefilled rows (their cache and mask, rows `keep` of them) to the running batch."""
+        import torch
+        import torch.nn.functional as F
+
+        if len(keep) < mask.shape[0]:
+            index = torch.tensor(keep, device=self.device)
+            cache.batch_select_indices(index)
+            mask = mask[index]
+        if not self.rows:
+            self.rows, self.cache, self.mask = rows, cache, mask
+            return
+        old, new = self.mask.shape[1], mask.shape[1]
+        width = max(old, new)
+        for mine, theirs in zip(self.cache.layers, cache.layers):  # [n, heads, L, dim]: pad L on the left
+            mine.keys = torch.cat([F.pad(mine.keys, (0, 0, width - old, 0)),
+                                   F.pad(theirs.keys, (0, 0, width - new, 0))])
+            mine.values = torch.cat([F.pad(mine.values, (0, 0, width - old, 0)),
+                                     F.pad(theirs.values, (0, 0, width - new, 0))])
+        self.mask = torch.cat([F.pad(self.mask, (width - old, 0)), F.pad(mask, (width - new, 0))])
+        self.rows = self.rows + rows
+
+    # ------------------------------------------------------------------ decoding
+    def step(self) -> list[Row]:
+        """Feed every running row its last token, sample the next; returns the rows that ended
+        (they have left the batch)."""
+        import torch
+
+        ids = torch.tensor([[row.tokens[-1]] for row in self.rows], device=self.device)
+        positions = torch.tensor([[row.position] for row in self.rows], device=self.device)
+        mask = torch.cat([self.mask, torch.ones((len(self.rows), 1), dtype=torch.long, device=self.device)], 1)
+        out = self._forward(ids, mask, positions, self.cache, self.rows)
+        self.cache, self.mask = out.cache, mask
+        self.steps += 1
+        for row in self.rows:
+            row.position += 1
+        self._sample(self.rows, out.logits[:, -1, :])
+        self._keep_prefixes(self.rows, self.cache)
+        ended = [row for row in self.rows if row.done]
+        if ended:
+            keep = [i for i, row in enumerate(self.rows) if not row.done]
+            self.rows = [self.rows[i] for i in keep]
+            if keep:
+                index = torch.tensor(keep, device=self.device)
+                self.cache.batch_select_indices(index)
+                self.mask = self.mask[index]
+            else:
+                self.cache = self.mask = None
+        return ended
+
+    def _forward(self, ids, mask, positions, cache, rows: list[Row]):
+        import torch
+
+        extra = ({"adapter_names": [row.request.adapter or BASE for row in rows]}
+                 if self.uses_adapters() else {})
+        with torch.inference_mode():
+            return self.model_for()(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+                                    use_cache=True, logits_to_keep=1, **extra)
+
+    def _sample(self, rows: list[Row], logits) -> None:
+        logits = logits.float().cpu()  # sampled with CPU generators, wherever the model runs
+        for k, row in enumerate(rows):
+            sampling = row.request.sampling
+            token, logp = sample_next(logits[k], sampling.temperature, sampling.top_p, row.generator)
+            row.tokens.append(token)
+            row.logprobs.append(logp)
+            row.done = token == self.eos_id or len(row.tokens) >= row.limit
+
+    def drop_all(self) -> list[Row]:
+        """Empty the batch (after a failed forward pass); returns the rows it held."""
+        rows, self.rows, self.cache, self.mask = self.rows, [], None, None
+        return rows
