@@ -95,8 +95,9 @@ class Decoder:
     """The running batch of one model (`model_for()` gives the model to call: plain or peft)."""
 
     def __init__(self, model_for: Callable[[], Any], *, device: str, pad_id: int, eos_id: int,
-                 max_context: int, uses_adapters: Callable[[], bool], prefixes: PrefixCache | None = None) -> None:
-        self.model_for, self.uses_adapters = model_for, uses_adapters
+                 max_context: int, uses_adapters: Callable[[], bool], prefixes: PrefixCache | None = None,
+                 adapter_name: Callable[[str | None], str | None] = lambda version: version) -> None:
+        self.model_for, self.uses_adapters, self.adapter_name = model_for, uses_adapters, adapter_name
         self.device, self.pad_id, self.eos_id, self.max_context = device, pad_id, eos_id, max_context
         self.prefixes = prefixes
         self.reused_tokens = 0
@@ -243,7 +244,7 @@ class Decoder:
     def _forward(self, ids, mask, positions, cache, rows: list[Row]):
         import torch
 
-        extra = ({"adapter_names": [row.request.adapter or BASE for row in rows]}
+        extra = ({"adapter_names": [self.adapter_name(row.request.adapter) or BASE for row in rows]}
                  if self.uses_adapters() else {})
         with torch.inference_mode():
             return self.model_for()(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,

@@ -24,6 +24,7 @@ from forge_bridge.core.errors import (
     PolicyError,
     WrongType,
 )
+from forge_bridge.policies.adapter_pool import AdapterPool
 from forge_bridge.policies.base import Policy, PolicyOutput, Sampling
 from forge_bridge.policies.decoding import Decoder, PrefixCache
 from forge_bridge.policies.device import bf16_supported, resolve_device
@@ -53,7 +54,9 @@ class LocalPolicy(Policy):
         tool calls ('hermes', 'llama3_json', 'mistral'; 'auto': from the chat template).
         `max_batch`: most calls decoding at once. `prefix_cache_tokens`: KV of finished calls
         kept for the next call that extends one (the next step of an episode); 0: none.
-        `continuous_batching=False`: a call waits for the running batch to end (for comparison)."""
+        `continuous_batching=False`: a call waits for the running batch to end (for comparison).
+        A model object (rather than a name or directory) is used in place: adapters are injected
+        into its modules, so it must not be shared with another policy."""
         super().__init__(keep_versions=keep_versions, adapter_roots=adapter_roots)
         import torch
 
@@ -79,6 +82,8 @@ class LocalPolicy(Policy):
         if isinstance(prefix_cache_tokens, bool) or not isinstance(prefix_cache_tokens, int) or prefix_cache_tokens < 0:
             raise InvalidArgument(f"prefix_cache_tokens: expected an int >= 0, got {prefix_cache_tokens!r}")
         self._prefixes = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+        self._pool = AdapterPool(spare=keep_versions + 1)
+        """LoRA slots reused across versions of one shape: a swap copies weights (`adapter_pool`)."""
         self.continuous_batching = bool(continuous_batching)
         self.dtype = getattr(torch, dtype)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
@@ -130,7 +135,8 @@ class LocalPolicy(Policy):
     def _decoder(self, prefixes: PrefixCache | None = None) -> Decoder:
         return Decoder(lambda: self._peft if self._peft is not None else self.model, device=self.device,
                        pad_id=self.pad_id, eos_id=self.eos_id, max_context=self.max_context,
-                       uses_adapters=lambda: self._peft is not None, prefixes=prefixes)
+                       uses_adapters=lambda: self._peft is not None, prefixes=prefixes,
+                       adapter_name=self._pool.name_of)
 
     def _take(self, running: bool, room: int) -> tuple[list[_Request], bool]:
         """Requests to admit now, and whether close() was called. Idle, it waits for one and
@@ -236,15 +242,17 @@ class LocalPolicy(Policy):
                                        f"fit this model ({owner} has {expected} features there)")
 
     def _load(self, path: Path, version: str) -> None:
-        from peft import PeftModel
+        from forge_bridge.policies.adapter_pool import shape_of
 
         self._check_compatible(path)
+        shape = shape_of(path)
         with self._model_lock:
             try:
                 if self._peft is None:
-                    self._peft = PeftModel.from_pretrained(self.model, str(path), adapter_name=version,
-                                                           is_trainable=False)
-                else:
+                    self._peft = self._pool.first(self.model, path, version)
+                elif self._pool.fits(shape):
+                    self._pool.load(self._peft, path, version)
+                else:  # another shape: its own LoRA modules, under its own name
                     self._peft.load_adapter(str(path), adapter_name=version, is_trainable=False)
                 self._peft.eval()
             except Exception as exc:
@@ -254,7 +262,7 @@ class LocalPolicy(Policy):
 
     def _unload(self, version: str) -> None:
         with self._model_lock:
-            if self._peft is not None and version in self._peft.peft_config:
+            if not self._pool.release(version) and self._peft is not None and version in self._peft.peft_config:
                 remaining = [a for a in self._peft.peft_config if a != version]
                 if remaining:  # peft refuses to delete the active adapter while others exist
                     self._peft.set_adapter(remaining[-1])

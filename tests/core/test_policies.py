@@ -385,3 +385,29 @@ def test_the_next_step_of_an_episode_prefills_only_what_is_new(taught_model_dir,
         assert adapted.adapter == "v1"
     with pytest.raises(Exception, match="prefix_cache_tokens"):
         LocalPolicy(str(taught_model_dir), prefix_cache_tokens=-1)
+
+
+def test_versions_of_one_shape_reuse_lora_slots_and_serve_exactly_their_weights(taught_model_dir, adapter_dirs, tmp_path):
+    """A swap copies weights into a pooled slot: each version still answers with its own
+    weights (as a fresh policy loading only it does), a retired version's slot is reused, and
+    an adapter of another shape gets its own modules."""
+    from forge_bridge.policies.adapter_pool import shape_of
+
+    with LocalPolicy(str(taught_model_dir), dtype="float32", keep_versions=2) as policy:
+        for i in range(4):  # v1, v2, v1, v2 under new names: slots are freed and reused
+            name = ("v1", "v2")[i % 2]
+            policy.load_adapter(adapter_dirs[name], f"{name}-{i}")
+            out = policy.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY)
+            assert out.adapter == f"{name}-{i}" and out.text == ("Version one." if name == "v1" else "Version two.")
+        # 4 versions passed through, 2 kept: no slot was built beyond the first load's 1 + 3 spare
+        assert len(policy._pool.holder) == 2 and len(policy._pool.free) + len(policy._pool.holder) == 4
+        assert policy.rollback() == "v1-2"  # the version before is still loaded, in its slot
+        assert policy.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY).text == "Version one."
+        # another shape (rank 8): loaded the ordinary way, beside the pool
+        model, tok = models.load(str(taught_model_dir))
+        other = testing.teach_adapter(model, tok, [(testing.ASK, [testing.ADD_TOOL], "Version three.")],
+                                      tmp_path / "r8", rank=8)
+        assert shape_of(other) != shape_of(adapter_dirs["v1"])
+        policy.load_adapter(other, "r8")
+        assert "r8" in policy._peft.peft_config and "r8" not in policy._pool.holder
+        assert policy.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY).text == "Version three."
