@@ -62,28 +62,45 @@ def _cmd_train(args: argparse.Namespace) -> int:
         earlier = set_aside(config.out_dir)
         if earlier is not None:
             print(f"(the earlier run in {config.out_dir} was moved to {earlier})")
-    server = None
-    if args.vllm:
-        from forge_bridge.policies import models
-        from forge_bridge.policies.vllm_server import VLLMServer
-
-        # LoRA on, room for the trainer's rank, the family's tool-call parser; the client
-        # parses what the server's parser leaves in the text in the same format.
-        model_dir = models.model_path(args.model)
-        tool_format = args.tool_format or _template_format(model_dir)
-        server = VLLMServer(model_dir, max_lora_rank=max(16, config.lora_rank), tool_parser=tool_format,
-                            reasoning_parser=args.reasoning_parser, max_model_len=args.max_model_len)
-        print(f"starting vLLM on {model_dir} (log: {server.log_path}) ...", flush=True)
-        server.start()
-        policy = fb.VLLMPolicy(server.base_url, tool_format=tool_format)
-    else:
-        policy = fb.LocalPolicy(args.model, device=config.device, tool_format=args.tool_format or "auto")
+    server = policy = None
     try:
+        if args.vllm:
+            server = _vllm_server(args, config)
+            print(f"starting vLLM on {server.model} (log: {server.log_path}) ...", flush=True)
+            server.start()
+            policy = fb.VLLMPolicy(server.base_url, tool_format=server.tool_parser)
+        else:
+            policy = fb.LocalPolicy(args.model, device=config.device, tool_format=args.tool_format or "auto")
         return _train(args, policy, config, make_rollout, tasks)
     finally:
-        policy.close()
+        if policy is not None:
+            policy.close()
         if server is not None:
             server.stop()
+
+
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+"""The `--max-lora-rank` values vLLM accepts."""
+
+
+def _vllm_server(args: argparse.Namespace, config):
+    """A vLLM server for the run: LoRA on with room for the trainer's rank, the model family's
+    tool-call parser (the client parses what it leaves in the text in the same format), and on
+    a GPU the trainer's model on the same device, so vLLM takes half its memory, not 90 %."""
+    import torch
+
+    from forge_bridge.policies import models
+    from forge_bridge.policies.device import resolve_device
+    from forge_bridge.policies.vllm_server import VLLMServer
+
+    model_dir = models.model_path(args.model)
+    rank = next((r for r in VLLM_LORA_RANKS if r >= config.lora_rank), None)
+    if rank is None:
+        raise InvalidArgument(f"--lora-rank {config.lora_rank}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}")
+    shared_gpu = torch.cuda.is_available() and resolve_device(config.device).startswith("cuda")
+    return VLLMServer(model_dir, max_lora_rank=rank, tool_parser=args.tool_format or _template_format(model_dir),
+                      reasoning_parser=args.reasoning_parser, max_model_len=args.max_model_len,
+                      extra_args=["--gpu-memory-utilization", "0.45"] if shared_gpu else [])
 
 
 def _template_format(model_dir) -> str:

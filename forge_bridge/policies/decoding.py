@@ -212,6 +212,7 @@ class Decoder:
                                      F.pad(theirs.values, (0, 0, width - new, 0))])
         self.mask = torch.cat([F.pad(self.mask, (width - old, 0)), F.pad(mask, (width - new, 0))])
         self.rows = self.rows + rows
+        self._trim()
 
     # ------------------------------------------------------------------ decoding
     def step(self) -> list[Row]:
@@ -237,9 +238,19 @@ class Decoder:
                 index = torch.tensor(keep, device=self.device)
                 self.cache.batch_select_indices(index)
                 self.mask = self.mask[index]
+                self._trim()
             else:
                 self.cache = self.mask = None
         return ended
+
+    def _trim(self) -> None:
+        """Drop the leading columns no remaining row attends to (the padding of rows that left),
+        so a batch that never empties does not grow without bound."""
+        start = int(self.mask.any(0).int().argmax())  # the first column some row uses
+        if start:
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]
+            self.mask = self.mask[:, start:]
 
     def _forward(self, ids, mask, positions, cache, rows: list[Row]):
         import torch

@@ -46,9 +46,10 @@ def bf16_supported(device: str = "cpu") -> bool:
     """Whether bf16 math is fast here: a GPU that has it, a CPU with AVX512-BF16 or AMX."""
     import torch
 
-    kind = device.partition(":")[0]
+    kind, _, index = device.partition(":")
     if kind == "cuda":
-        return bool(torch.cuda.is_bf16_supported())
+        with torch.cuda.device(int(index or 0)):
+            return bool(torch.cuda.is_bf16_supported())
     if kind == "mps":
         return False
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,9 +90,11 @@ class LocalPolicy(Policy):
         self.tokenizer = tokenizer
         self.tool_format = detect_format(tokenizer.chat_template) if tool_format == "auto" else tool_format
         """The tool-call format replies are parsed in."""
-        markers = {tokenizer.convert_tokens_to_ids(m) for m in FORMAT_MARKERS
-                   if m in getattr(tokenizer, "all_special_tokens", [])}
-        self._drop_ids = set(tokenizer.all_special_ids) - markers if markers else None
+        special = set(getattr(tokenizer, "all_special_tokens", [])) | {
+            t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
+        markers = {tokenizer.convert_tokens_to_ids(m) for m in FORMAT_MARKERS if m in special}
+        self._drop_ids = (set(tokenizer.all_special_ids) | {i for i, t in getattr(
+            tokenizer, "added_tokens_decoder", {}).items() if t.special}) - markers if markers else None
         """Special tokens left out of a reply's text when some (`[TOOL_CALLS]`) must stay in it."""
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
@@ -101,6 +103,10 @@ class LocalPolicy(Policy):
         self.max_context = getattr(model.config, "max_position_embeddings", None) or 2048
         self._peft = None
         self._model_lock = threading.Lock()
+        self._flight_lock = threading.Lock()
+        self._in_flight: dict[str | None, int] = {}
+        """version -> calls submitted and not yet answered (a cancelled caller's row still decodes)."""
+        self._unload_later: set[str] = set()
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._worker = threading.Thread(target=self._serve, name="forge-local-policy", daemon=True)
         self._closed = False
@@ -122,6 +128,9 @@ class LocalPolicy(Policy):
             raise ContextLengthExceeded(f"prompt of {len(prompt)} tokens does not fit the model's "
                                         f"context of {self.max_context} tokens")
         fut: Future = Future()
+        with self._flight_lock:  # the version stays loaded until this call is answered
+            self._in_flight[adapter] = self._in_flight.get(adapter, 0) + 1
+        fut.add_done_callback(lambda _: self._landed(adapter))
         self._queue.put(_Request(prompt, sampling, adapter, fut))
         return fut
 
@@ -158,7 +167,8 @@ class LocalPolicy(Policy):
                 taken.append(nxt)
         except queue.Empty:
             pass
-        return taken, closing
+        # A caller that gave up before its turn is not decoded (its future can no longer be cancelled after this).
+        return [r for r in taken if r.future.set_running_or_notify_cancel()], closing
 
     def _serve(self) -> None:
         decoder = self._decoder(self._prefixes)
@@ -186,11 +196,35 @@ class LocalPolicy(Policy):
                         req.future.set_exception(error)
                 continue
             for row in ended:
-                row.request.future.set_result(self._output(row.request, row.tokens, row.logprobs))
+                self._answer(row)
+
+    def _answer(self, row) -> None:
+        """Give a finished row's output to its caller (who may have stopped waiting)."""
+        future = row.request.future
+        if future.done():
+            return
+        try:
+            future.set_result(self._output(row.request, row.tokens, row.logprobs))
+        except InvalidStateError:  # cancelled meanwhile
+            pass
+        except Exception as exc:
+            if not future.done():
+                future.set_exception(PolicyError(f"local generation failed: {type(exc).__name__}: {exc}"))
+
+    def _landed(self, version: str | None) -> None:
+        """A call of `version` was answered: unload the version now if it was retired meanwhile."""
+        with self._flight_lock:
+            self._in_flight[version] -= 1
+            due = version in self._unload_later and not self._in_flight[version]
+            if due:
+                self._unload_later.discard(version)
+        if due:
+            self._unload_now(version)
 
     @property
     def batches_run(self) -> int:
-        """Prefill passes run so far: each admits every request that arrived together."""
+        """Prefill passes run so far: one admits every request that arrived together (and has
+        no reusable prefix; each one that has is prefilled on its own)."""
         return self._running.prefills
 
     @property
@@ -261,6 +295,13 @@ class LocalPolicy(Policy):
                 raise AdapterError(f"adapter {path} could not be loaded: {exc}") from None
 
     def _unload(self, version: str) -> None:
+        with self._flight_lock:  # a caller that gave up left its row decoding with this version
+            if self._in_flight.get(version):
+                self._unload_later.add(version)
+                return
+        self._unload_now(version)
+
+    def _unload_now(self, version: str) -> None:
         with self._model_lock:
             if not self._pool.release(version) and self._peft is not None and version in self._peft.peft_config:
                 remaining = [a for a in self._peft.peft_config if a != version]

@@ -97,17 +97,23 @@ def _json_objects(text: str) -> list[str] | None:
 
 def parse_llama3_json(text: str, finish_reason: str | None) -> Action:
     """Llama 3.x JSON tool calls: a reply that is (after an optional `<|python_tag|>`) one or
-    more `{"name": ..., "parameters": {...}}` objects; any other reply is plain content."""
+    more `{"name": ..., "parameters": {...}}` objects; any other reply is plain content. A reply
+    is only a failed call when it meant to be one (the tag, or a `"name"` key), so an answer
+    that happens to be JSON stays an answer."""
     body = text.strip()
     tagged = body.startswith(PYTHON_TAG)
     body = body.removeprefix(PYTHON_TAG).strip()
+    meant = tagged or (body.startswith("{") and re.match(r'\{\s*"name"\s*:', body) is not None)
     if not body.startswith("{"):
         return _action(text, [], [], finish_reason) if not tagged else _action(
             text, [], [{"text": text, "error": "tool call after <|python_tag|> is not a JSON object"}],
             finish_reason)
     parts = _json_objects(body)
     if parts is None:
-        return _action(text, [], [{"text": text, "error": "tool call is not valid JSON"}], finish_reason)
+        errors = [{"text": text, "error": "tool call is not valid JSON"}] if meant else []
+        return _action(text, [], errors, finish_reason)
+    if not meant and not all(isinstance(json.loads(p), dict) and "name" in json.loads(p) for p in parts):
+        return _action(text, [], [], finish_reason)
     calls, errors = [], []
     for part in parts:
         try:
@@ -126,7 +132,7 @@ def parse_mistral(text: str, finish_reason: str | None) -> Action:
     head, sep, rest = text.partition(TOOL_CALLS)
     if not sep:
         return _action(text, [], [], finish_reason)
-    calls, errors = [], []
+    calls, errors, unread = [], [], []
     for chunk in rest.split(TOOL_CALLS):
         chunk = chunk.strip()
         if ARGS in chunk:  # name[ARGS]{...}
@@ -138,6 +144,7 @@ def parse_mistral(text: str, finish_reason: str | None) -> Action:
             except json.JSONDecodeError as exc:
                 errors.append({"text": TOOL_CALLS + chunk,
                                "error": f"tool call is not valid JSON ({exc.msg} at char {exc.pos})"})
+                unread.append(TOOL_CALLS + chunk)
                 continue
             pieces = [json.dumps(d) for d in (data if isinstance(data, list) else [data])]
         for piece in pieces:
@@ -145,8 +152,9 @@ def parse_mistral(text: str, finish_reason: str | None) -> Action:
                 calls.append(_parse_one(piece))
             except ValueError as exc:
                 errors.append({"text": TOOL_CALLS + chunk, "error": str(exc)})
-    content = head if not errors else text
-    return _action(content, calls, errors, finish_reason)
+                unread.append(TOOL_CALLS + chunk)
+    # what could not be read stays visible as text; the calls that were read do not repeat there
+    return _action(head + "".join(dict.fromkeys(unread)), calls, errors, finish_reason)
 
 
 def _raw_json(text: str) -> object:

@@ -295,21 +295,26 @@ def test_sampling_overrides_apply_to_every_call_in_the_context(backend):
 
 def test_a_call_joins_the_running_batch_mid_flight_and_decodes_as_it_would_alone(taught_model_dir):
     """Continuous batching: B arrives while A is 5 tokens into a long answer; B is prefilled,
-    stacked onto A's cache and decoded with it, and both give the tokens they give alone."""
+    stacked onto A's cache and decoded with it, and both give the tokens they give alone (an
+    untaught tiny model, whose answers run long, for A)."""
     from concurrent.futures import Future
 
     from forge_bridge.policies.base import Sampling
     from forge_bridge.policies.local import _Request
 
-    with LocalPolicy(str(taught_model_dir), dtype="float32") as policy:
+    with LocalPolicy(*models.tiny(seed=5), dtype="float32") as policy:
         long_prompt = policy.encode([{"role": "user", "content": "Say something long."}])
         short_prompt = policy.encode(testing.AFTER_TOOL, [testing.ADD_TOOL])
 
         def request(prompt, **sampling):
             return _Request(prompt, Sampling(max_tokens=40, **sampling), None, Future())
 
-        for sampling in ({"temperature": 0.0}, {"temperature": 1.0, "seed": 7}):
+        seeded = next({"temperature": 1.0, "seed": seed} for seed in range(50)  # A runs past 10 tokens
+                      if len(policy._generate([request(long_prompt, temperature=1.0, seed=seed)])[0]
+                             .completion_token_ids) >= 10)
+        for sampling in ({"temperature": 0.0}, seeded):
             alone = [policy._generate([request(p, **sampling)])[0] for p in (long_prompt, short_prompt)]
+            assert len(alone[0].completion_token_ids) >= 10
             decoder = policy._decoder()
             a, b = request(long_prompt, **sampling), request(short_prompt, **sampling)
             finished = decoder.admit([a])
@@ -317,14 +322,13 @@ def test_a_call_joins_the_running_batch_mid_flight_and_decodes_as_it_would_alone
                 finished += decoder.step()
             assert len(decoder.rows) == 1 and len(decoder.rows[0].tokens) == 6
             finished += decoder.admit([b])  # joins: 2 rows from the next step on
-            assert len(decoder.rows) == 2 and decoder.mask.shape[0] == 2
+            assert len(decoder.rows) + len(finished) == 2 and decoder.prefills == 2
             while decoder.rows:
                 finished += decoder.step()
             rows = {id(row.request): row for row in finished}
             for req, single in zip((a, b), alone):
                 assert rows[id(req)].tokens == single.completion_token_ids, sampling
                 assert rows[id(req)].logprobs == pytest.approx(single.completion_logprobs, abs=1e-3)
-            assert decoder.prefills == 2
 
 
 def test_concurrent_callers_do_not_wait_for_a_long_call_to_finish():
@@ -411,3 +415,48 @@ def test_versions_of_one_shape_reuse_lora_slots_and_serve_exactly_their_weights(
         policy.load_adapter(other, "r8")
         assert "r8" in policy._peft.peft_config and "r8" not in policy._pool.holder
         assert policy.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY).text == "Version three."
+
+
+def test_a_batch_that_never_empties_does_not_grow_its_cache_beyond_its_rows(taught_model_dir):
+    """Padding left by a row that leaves is cut: the cache spans only what remaining rows use."""
+    from concurrent.futures import Future
+
+    from forge_bridge.policies.base import Sampling
+    from forge_bridge.policies.local import _Request
+
+    with LocalPolicy(str(taught_model_dir), dtype="float32") as policy:
+        long_prompt = policy.encode([{"role": "user", "content": "Say something long. " * 20}])
+        short_prompt = policy.encode([{"role": "user", "content": "Hi"}])
+        decoder = policy._decoder()
+        decoder.admit([_Request(long_prompt, Sampling(temperature=0.0, max_tokens=2), None, Future()),
+                       _Request(short_prompt, Sampling(temperature=1.0, max_tokens=30, seed=2), None, Future())])
+        while len(decoder.rows) == 2:
+            decoder.step()
+        (row,) = decoder.rows
+        assert decoder.mask.shape[1] == row.position == decoder.cache.layers[0].keys.shape[2]
+        assert bool(decoder.mask.all())
+
+
+def test_a_caller_that_gives_up_leaves_the_policy_working_and_its_version_loaded(adapter_dirs):
+    """An async caller that stops waiting (a timeout) leaves its row decoding: the worker stays
+    alive, and the row's version, retired meanwhile, is unloaded only once the row is done."""
+    long_ask = [{"role": "user", "content": "Say something long."}]
+    with LocalPolicy(*models.tiny(seed=5), dtype="float32", keep_versions=1) as policy:
+        policy.load_adapter(adapter_dirs["v1"], "v1")
+        for seed in range(50):  # a seed whose answer runs long under v1
+            if len(policy.chat(long_ask, temperature=1.0, seed=seed, max_tokens=400).completion_token_ids) >= 300:
+                break
+
+        async def give_up():
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(policy.achat(long_ask, temperature=1.0, seed=seed, max_tokens=400), 0.05)
+
+        asyncio.run(give_up())
+        policy.load_adapter(adapter_dirs["v2"], "v2")  # retires v1 while its row still decodes
+        assert policy.versions() == [None, "v2"] and "v1" in policy._pool.holder
+        out = policy.chat(testing.ASK, temperature=1.0, seed=2, max_tokens=5)  # the worker is alive
+        assert out.adapter == "v2" and 1 <= len(out.completion_token_ids) <= 5
+        deadline = time.time() + 60
+        while "v1" in policy._pool.holder and time.time() < deadline:
+            time.sleep(0.05)
+        assert "v1" not in policy._pool.holder and not any(policy._in_flight.values())

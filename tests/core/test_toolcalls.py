@@ -73,8 +73,12 @@ def test_llama3_json_several_calls_plain_text_and_errors():
     bad = parse_llama3_json('{"name": "add", "parameters": {"a": 1,}', "length")
     assert not bad.tool_calls and bad.finish_reason == "length"
     assert bad.parse_errors[0]["error"] == "tool call is not valid JSON" and bad.content.startswith('{"name"')
-    nameless = parse_llama3_json('{"parameters": {}}', "stop")
+    nameless = parse_llama3_json('<|python_tag|>{"parameters": {}}', "stop")
     assert nameless.parse_errors[0]["error"] == "tool call has no 'name' string"
+    # an answer that is JSON is an answer, not a failed call
+    for answer in ('{"city": "Paris", "population": 2102650}', '[1, 2, 3]', '{"total": 5'):
+        plain = parse_llama3_json(answer, "stop")
+        assert plain.content == answer and not plain.tool_calls and not plain.parse_errors
 
 
 def test_mistral_list_format_and_content_before_it():
@@ -93,6 +97,9 @@ def test_mistral_name_args_format_and_errors():
     assert bad.content.startswith("[TOOL_CALLS]")  # the malformed call stays visible
     bad_args = parse_mistral("[TOOL_CALLS]add[ARGS]{a: 1}", "stop")
     assert bad_args.parse_errors[0]["error"] == "tool call 'arguments' is a string that is not JSON"
+    mixed = parse_mistral('Hi [TOOL_CALLS]add[ARGS]{"a": 1}[TOOL_CALLS]neg[ARGS]{x}', "stop")
+    assert [c.name for c in mixed.tool_calls] == ["add"]
+    assert mixed.content == "Hi [TOOL_CALLS]neg[ARGS]{x}"  # only what could not be read stays as text
     assert parse_mistral("just text", "stop").content == "just text"
 
 

@@ -87,7 +87,7 @@ def test_train_command_starts_vllm_itself(choice_server, tmp_path, monkeypatch, 
                    "--out", str(tmp_path / "run"), "--run-name", "cli"])
     assert rc == 0
     (server,) = started
-    assert "--enable-lora" in server.args and server.args[server.args.index("--max-lora-rank") + 1] == "16"
+    assert "--enable-lora" in server.args and server.args[server.args.index("--max-lora-rank") + 1] == "8"
     assert server.proc is None or server.proc.poll() is not None  # stopped
     assert "live adapter cli-v2" in capsys.readouterr().out
     with fb.TrajectoryStore(tmp_path / "run" / "trajectories.db") as store:
