@@ -34,6 +34,10 @@ from forge_bridge.policies.toolcalls import FORMAT_MARKERS, PARSERS, detect_form
 __all__ = ["LocalPolicy", "bf16_supported"]
 
 
+def _generation_failed(exc: Exception) -> PolicyError:
+    return PolicyError(f"local generation failed: {type(exc).__name__}: {exc}")
+
+
 @dataclass
 class _Request:
     prompt: list[int]
@@ -190,7 +194,7 @@ class LocalPolicy(Policy):
                     if decoder.rows:
                         ended += decoder.step()
             except Exception as exc:  # reported to every caller in the batch, never swallowed
-                error = PolicyError(f"local generation failed: {type(exc).__name__}: {exc}")
+                error = _generation_failed(exc)
                 for req in new + [row.request for row in decoder.drop_all()]:
                     if not req.future.done():
                         req.future.set_exception(error)
@@ -209,7 +213,7 @@ class LocalPolicy(Policy):
             pass
         except Exception as exc:
             if not future.done():
-                future.set_exception(PolicyError(f"local generation failed: {type(exc).__name__}: {exc}"))
+                future.set_exception(_generation_failed(exc))
 
     def _landed(self, version: str | None) -> None:
         """A call of `version` was answered: unload the version now if it was retired meanwhile."""
