@@ -86,7 +86,8 @@ class TrainerConfig:
     out_dir: str = "runs/train"
     """Run folder: adapters, checkpoints, metrics.jsonl, TensorBoard logs, trajectories.db."""
     seed: int = 0
-    """Seed for task sampling, shuffling and initialisation."""
+    """Seed for task sampling, shuffling, initialisation and the rollouts' sampling (each rollout
+    gets its own seed, so a rerun samples the same rollouts whatever the thread timing)."""
     progress: bool = True
     """Show progress bars."""
 

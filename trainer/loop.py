@@ -232,7 +232,7 @@ class Trainer:
         return rollouts.collect(rollout, tasks, it, recorder=self.recorder, run_id=self.run_id,
                                 group_size=self.config.group_size, concurrency=self.config.concurrency,
                                 success_threshold=self.config.success_threshold,
-                                progress=self.config.progress, policy=self.policy)
+                                progress=self.config.progress, policy=self.policy, seed=self.config.seed)
 
     def autocast(self):
         """The precision context of forward passes (bf16 autocast where the device has it)."""

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from forge_bridge.core.episode import Recorder
+from forge_bridge.core.episode import Recorder, derive_seed
 from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.core.types import END_REASONS, TrajectoryGroup
 
@@ -70,6 +70,8 @@ class Job:
     task: Any
     group_id: str
     metadata: dict
+    seed: int | None = None
+    """The episode's seed: its sampled calls do not depend on which others shared a batch."""
 
 
 @dataclass
@@ -102,7 +104,7 @@ def run_episode(rollout: Rollout, job: Job, recorder: Recorder, run_id: str) -> 
     """Run the agent on one task inside an episode it opens; the episode records every model
     call and ends with the reward, or with how the rollout failed."""
     outcome = Outcome()
-    ep = recorder.episode(job.task_id, job.group_id, run_id=run_id, metadata=job.metadata)
+    ep = recorder.episode(job.task_id, job.group_id, run_id=run_id, metadata=job.metadata, seed=job.seed)
     try:
         with ep:
             value = rollout(job.task)
@@ -136,12 +138,15 @@ def run_threaded(rollout: Rollout, jobs: list[Job], *, recorder: Recorder, run_i
 def collect(rollout: Rollout | EpisodeRunner, tasks: list[tuple[str, Any]], it: int, *,
             recorder: Recorder, run_id: str, group_size: int, concurrency: int,
             success_threshold: float = 1.0, progress: bool = True,
-            policy: Any = None) -> tuple[list[TrajectoryGroup], dict]:
+            policy: Any = None, seed: int | None = None) -> tuple[list[TrajectoryGroup], dict]:
     """Run iteration `it`'s rollouts (here on threads, or through an `EpisodeRunner`); returns
-    its trainable groups (one per task and role) and statistics (episodes by end reason, mean
-    reward, success rate)."""
-    jobs = [Job(tid, task, f"{run_id}-it{it + 1}-{tid}", episode_metadata(task, it))
-            for tid, task in tasks for _ in range(group_size)]
+    its trainable groups (one per task and role, each in rollout order) and statistics
+    (episodes by end reason, mean reward, success rate). With `seed`, rollout k of a task gets
+    an episode seed from (seed, it, task id, k): the same run samples the same rollouts
+    whatever the timing of the threads or workers."""
+    jobs = [Job(tid, task, f"{run_id}-it{it + 1}-{tid}", episode_metadata(task, it) | {"rollout": k},
+                None if seed is None else derive_seed(seed, "rollout", it, tid, k))
+            for tid, task in tasks for k in range(group_size)]
     desc = f"rollouts {it + 1}"
     if isinstance(rollout, EpisodeRunner):
         outcomes = rollout.run_episodes(jobs, policy=policy, recorder=recorder, run_id=run_id,
@@ -171,7 +176,7 @@ def collect(rollout: Rollout | EpisodeRunner, tasks: list[tuple[str, Any]], it: 
     reasons: list[str] = []
     rewards: list[float] = []
     mine = set(opened)
-    for group_id in sorted({job.group_id for job in jobs}):  # each group's episodes in the order they began
+    for group_id in sorted({job.group_id for job in jobs}):
         for traj in recorder.store.iter(run_id=run_id, group_id=group_id):
             if traj.id not in mine:
                 continue
@@ -188,6 +193,8 @@ def collect(rollout: Rollout | EpisodeRunner, tasks: list[tuple[str, Any]], it: 
                 groups[key] = TrajectoryGroup(group_id, traj.task_id, [], role=traj.role)
             groups[key].trajectories.append(traj)
             rewards.append(traj.reward)
+    for group in groups.values():  # in rollout order, not the order the threads began them in
+        group.trajectories.sort(key=lambda t: t.metadata.get("rollout", 0))
     if reasons:
         print(f"iteration {it + 1}: not training on {len(reasons)} episode(s) (e.g. {reasons[0]})")
     mean = sum(rewards) / len(rewards) if rewards else 0.0

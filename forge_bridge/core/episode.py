@@ -10,6 +10,7 @@ anywhere inside `with fb.episode(...)` lands in that episode and concurrent epis
 from __future__ import annotations
 
 import contextvars
+import hashlib
 import json
 import math
 import os
@@ -62,21 +63,29 @@ class Recorder:
 
     def episode(self, task_id: str | None = None, group_id: str | None = None, *,
                 episode_id: str | None = None, metadata: dict | None = None,
-                run_id: str | None = None) -> "Episode":
+                run_id: str | None = None, seed: int | None = None) -> "Episode":
+        """Open an episode; with `seed`, each of its sampled model calls that names no seed of
+        its own gets one derived from it and the step index (`Episode.call_seed`), so its
+        rollout does not depend on which other calls shared a batch (recorded as
+        `metadata['seed']`)."""
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise InvalidArgument(f"episode seed: expected an int or None, got {seed!r}")
         traj = Trajectory(task_id=task_id, group_id=group_id, run_id=run_id or self.run_id,
-                          metadata=dict(metadata or {}))
+                          metadata=dict(metadata or {}) | ({"seed": seed} if seed is not None else {}))
         if episode_id is not None:
             traj.id = episode_id
         self.store.begin(traj)
-        return Episode(self, traj)
+        return Episode(self, traj, seed=seed)
 
 
 class Episode:
     """One trajectory being recorded; usable as a context manager that makes it current."""
 
     def __init__(self, recorder: Recorder, trajectory: Trajectory,
-                 parent: "Episode | None" = None) -> None:
+                 parent: "Episode | None" = None, seed: int | None = None) -> None:
         self.recorder = recorder
+        self.seed = seed
+        """Where this episode's call seeds come from (None: the policy draws them)."""
         self._traj = trajectory
         self._lock = threading.RLock()
         self._token: contextvars.Token | None = None
@@ -97,12 +106,14 @@ class Episode:
             if ep is None:
                 self.check_open()
                 slug = re.sub(r"[^A-Za-z0-9_-]+", "-", key).strip("-")[:48] or "role"
+                seed = None if self.seed is None else derive_seed(self.seed, "role", key)
                 traj = Trajectory(id=f"{self.id}.{slug}-{len(self._children)}",
                                   task_id=self._traj.task_id, group_id=self._traj.group_id,
                                   run_id=self._traj.run_id, role=key,
-                                  metadata={**self._traj.metadata, "parent": self.id, **metadata})
+                                  metadata={**self._traj.metadata, "parent": self.id, **metadata}
+                                  | ({"seed": seed} if seed is not None else {}))
                 self.recorder.store.begin(traj)
-                ep = self._children[key] = Episode(self.recorder, traj, parent=self)
+                ep = self._children[key] = Episode(self.recorder, traj, parent=self, seed=seed)
             return ep
 
     @property
@@ -118,6 +129,12 @@ class Episode:
     def trajectory(self) -> Trajectory:
         """What has been recorded so far (a snapshot from the store once finished)."""
         return self._traj
+
+    def call_seed(self) -> int | None:
+        """The seed of this episode's next model call: derived from the episode's seed and the
+        number of calls recorded so far (None when the episode has no seed)."""
+        with self._lock:
+            return None if self.seed is None else derive_seed(self.seed, "step", len(self._traj.transitions))
 
     # ------------------------------------------------------------------ recording
     def record(self, transition: Transition) -> int:
@@ -295,6 +312,14 @@ def default_recorder() -> Recorder:
 
 
 def episode(task_id: str | None = None, group_id: str | None = None, *,
-            recorder: Recorder | None = None, metadata: dict | None = None) -> Episode:
-    """Open an episode (one trajectory) for `with`: every model call inside is recorded into it."""
-    return (recorder or default_recorder()).episode(task_id, group_id, metadata=metadata)
+            recorder: Recorder | None = None, metadata: dict | None = None,
+            seed: int | None = None) -> Episode:
+    """Open an episode (one trajectory) for `with`: every model call inside is recorded into it
+    (`seed`: reproducible sampling, see `Recorder.episode`)."""
+    return (recorder or default_recorder()).episode(task_id, group_id, metadata=metadata, seed=seed)
+
+
+def derive_seed(seed: int, *parts: Any) -> int:
+    """A 31-bit seed from `seed` and `parts`, the same on every machine and in every process."""
+    digest = hashlib.blake2b(repr((seed,) + parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & 0x7FFFFFFF

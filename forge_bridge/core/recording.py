@@ -156,6 +156,16 @@ def _policy_failed(episode: Episode | None, exc: PolicyError) -> None:
     raise exc
 
 
+def _seeded(episode: Episode | None, sampling: dict | None) -> dict:
+    """The call's sampling settings, with the episode's call seed when the caller named none."""
+    sampling = dict(sampling or {})
+    if sampling.get("seed") is None and episode is not None:
+        seed = episode.call_seed()
+        if seed is not None:
+            sampling["seed"] = seed
+    return sampling
+
+
 def _slot(slot: str | None) -> dict:
     return {} if slot is None else {"slot": slot}
 
@@ -168,7 +178,7 @@ def call_policy(policy: Policy, episode: Episode | None, messages: list[dict],
     if over_step_limit(episode, limits):
         return None
     try:
-        out = policy.chat(messages, tools, **_slot(slot), **(sampling or {}))
+        out = policy.chat(messages, tools, **_slot(slot), **_seeded(episode, sampling))
     except PolicyError as exc:
         _policy_failed(episode, exc)
         return None
@@ -185,7 +195,7 @@ async def acall_policy(policy: Policy, episode: Episode | None, messages: list[d
     if over_step_limit(episode, limits):
         return None
     try:
-        out = await policy.achat(messages, tools, **_slot(slot), **(sampling or {}))
+        out = await policy.achat(messages, tools, **_slot(slot), **_seeded(episode, sampling))
     except PolicyError as exc:
         _policy_failed(episode, exc)
         return None
