@@ -52,7 +52,8 @@ def supervised_finetune(trainer: Trainer, demonstrations: Sequence[Trajectory],
                 batch = trainer.collate([samples[i] for i in order[start:start + size]])
                 with trainer.autocast():
                     logp, _, _ = token_logprobs(trainer.model, batch["input_ids"], batch["attention_mask"],
-                                                batch["loss_mask"])
+                                                batch["loss_mask"],
+                                                share_prefix=not trainer.config.gradient_checkpointing)
                     loss = sft_loss(logp, batch["loss_mask"])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()

@@ -116,26 +116,31 @@ class Decoder:
     def admit(self, requests: list) -> list[Row]:
         """Prefill `requests`, sample each one's first token, and stack them onto the running
         batch; returns the rows that already ended (their first token ended them). Requests
-        whose prompt extends a finished call's tokens prefill only the rest, one by one; the
+        whose prompt extends a finished call's tokens prefill only the rest, together; the
         others prefill together."""
         rows = [self._row(r) for r in requests]
         ended: list[Row] = []
-        fresh = []
+        fresh, hits = [], []
         for row in rows:
             hit = self.prefixes.match(row.request.adapter, row.request.prompt) if self.prefixes else None
             if hit is None:
                 fresh.append(row)
             else:
-                ended += self._prefill([row], hit)
+                hits.append((row, hit))
+        if hits:
+            ended += self._prefill([row for row, _ in hits], [hit for _, hit in hits])
         if fresh:
             ended += self._prefill(fresh)
         return ended
 
-    def _prefill(self, rows: list[Row], past: tuple[int, list] | None = None) -> list[Row]:
+    def _prefill(self, rows: list[Row], pasts: list[tuple[int, list]] | None = None) -> list[Row]:
+        """One forward pass over the rows' prompts (with `pasts`, each row's first `reused`
+        tokens come from that cached KV and only the rest is fed)."""
         import torch
 
-        if past is None:
-            n, width = len(rows), max(len(r.request.prompt) for r in rows)
+        n = len(rows)
+        if pasts is None:
+            width = max(len(r.request.prompt) for r in rows)
             ids = torch.full((n, width), self.pad_id, dtype=torch.long)
             mask = torch.zeros((n, width), dtype=torch.long)
             for i, row in enumerate(rows):  # left padding: every row's last prompt token at the end
@@ -144,30 +149,51 @@ class Decoder:
                 mask[i, width - len(prompt):] = 1
             ids, mask = ids.to(self.device), mask.to(self.device)
             positions, cache = (mask.cumsum(-1) - 1).clamp(min=0), None
-        else:  # one row: its first `reused` prompt tokens come from the cache
-            from transformers import DynamicCache
-
-            reused, kv = past
-            prompt = rows[0].request.prompt
-            ids = torch.tensor([prompt[reused:]], device=self.device)
-            mask = torch.ones((1, len(prompt)), dtype=torch.long, device=self.device)
-            positions = torch.arange(reused, len(prompt), device=self.device)[None]
-            cache = DynamicCache([(k[:, :, :reused], v[:, :, :reused]) for k, v in kv])
-            self.reused_tokens += reused
+        else:
+            ids, mask, positions, cache = self._resume(rows, pasts)
         for row in rows:
             row.position = len(row.request.prompt)
-        out = self._forward(ids, mask, positions, cache, rows)
+        logits, cache = self._forward(ids, mask, positions, cache, rows)
         self.prefills += 1
-        self._sample(rows, out.logits[:, -1, :])
-        self._keep_prefixes(rows, out.cache)
+        self._sample(rows, logits)
+        self._keep_prefixes(rows, cache, mask)
         live = [i for i, row in enumerate(rows) if not row.done]
         if live:
-            self._stack([rows[i] for i in live], out.cache, mask, live)
+            self._stack([rows[i] for i in live], cache, mask, live)
         return [row for row in rows if row.done]
 
-    def _keep_prefixes(self, rows: list[Row], cache: Any) -> None:
-        """Keep the KV of the rows that just ended (their fed tokens are the last
-        `position` of their cache row) for a later call that extends them."""
+    def _resume(self, rows: list[Row], pasts: list[tuple[int, list]]) -> tuple[Any, Any, Any, Any]:
+        """(ids, mask, positions, cache) continuing each row from its cached prefix. Row i's
+        columns: [pad][its r_i cached tokens] in the cache, then [pad][its s_i new tokens] fed;
+        the pads in between are masked out, as left padding is."""
+        import torch
+        from transformers import DynamicCache
+
+        R = max(reused for reused, _ in pasts)
+        S = max(len(row.request.prompt) - reused for row, (reused, _) in zip(rows, pasts))
+        ids = torch.full((len(rows), S), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), R + S), dtype=torch.long)
+        positions = torch.zeros((len(rows), S), dtype=torch.long)
+        for i, (row, (reused, _)) in enumerate(zip(rows, pasts)):
+            rest = row.request.prompt[reused:]
+            ids[i, S - len(rest):] = torch.tensor(rest)
+            positions[i, S - len(rest):] = torch.arange(reused, reused + len(rest))
+            mask[i, R - reused:R] = 1
+            mask[i, R + S - len(rest):] = 1
+            self.reused_tokens += reused
+        layers = []
+        for k in range(len(pasts[0][1])):  # per layer: [n, heads, R, dim], each row right-aligned
+            keys, values = [], []
+            for reused, kv in pasts:
+                pad = (0, 0, R - reused, 0)
+                keys.append(torch.nn.functional.pad(kv[k][0][:, :, :reused], pad))
+                values.append(torch.nn.functional.pad(kv[k][1][:, :, :reused], pad))
+            layers.append((torch.cat(keys), torch.cat(values)))
+        return ids.to(self.device), mask.to(self.device), positions.to(self.device), DynamicCache(layers)
+
+    def _keep_prefixes(self, rows: list[Row], cache: Any, mask: Any) -> None:
+        """Keep the KV of the rows that just ended (their fed tokens are the unmasked columns
+        of their cache row) for a later call that extends them."""
         from transformers.cache_utils import DynamicLayer
 
         if self.joinable and any(type(layer) is not DynamicLayer for layer in cache.layers):
@@ -178,8 +204,8 @@ class Decoder:
         for i, row in enumerate(rows):
             if row.done:
                 fed = row.request.prompt + row.tokens[:-1]
-                kv = [(layer.keys[i:i + 1, :, -row.position:].clone(), layer.values[i:i + 1, :, -row.position:].clone())
-                      for layer in cache.layers]
+                cols = mask[i].nonzero().squeeze(-1)  # len(fed) of them
+                kv = [(layer.keys[i:i + 1, :, cols], layer.values[i:i + 1, :, cols]) for layer in cache.layers]
                 self.prefixes.put(row.request.adapter, fed, kv)
 
     def _row(self, request) -> Row:
@@ -223,13 +249,13 @@ class Decoder:
         ids = torch.tensor([[row.tokens[-1]] for row in self.rows], device=self.device)
         positions = torch.tensor([[row.position] for row in self.rows], device=self.device)
         mask = torch.cat([self.mask, torch.ones((len(self.rows), 1), dtype=torch.long, device=self.device)], 1)
-        out = self._forward(ids, mask, positions, self.cache, self.rows)
-        self.cache, self.mask = out.cache, mask
+        logits, self.cache = self._forward(ids, mask, positions, self.cache, self.rows)
+        self.mask = mask
         self.steps += 1
         for row in self.rows:
             row.position += 1
-        self._sample(self.rows, out.logits[:, -1, :])
-        self._keep_prefixes(self.rows, self.cache)
+        self._sample(self.rows, logits)
+        self._keep_prefixes(self.rows, self.cache, self.mask)
         ended = [row for row in self.rows if row.done]
         if ended:
             keep = [i for i, row in enumerate(self.rows) if not row.done]
@@ -252,14 +278,30 @@ class Decoder:
                 layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]
             self.mask = self.mask[:, start:]
 
-    def _forward(self, ids, mask, positions, cache, rows: list[Row]):
+    def _forward(self, ids, mask, positions, cache, rows: list[Row]) -> tuple[Any, Any]:
+        """One forward pass: (the next-token logits of each row [n, V], the grown cache)."""
         import torch
 
-        extra = ({"adapter_names": [self.adapter_name(row.request.adapter) or BASE for row in rows]}
-                 if self.uses_adapters() else {})
+        model, names = self.model_for(), None
+        if self.uses_adapters():
+            names = [self.adapter_name(row.request.adapter) or BASE for row in rows]
+            if len(set(names)) == 1 and names[0] != BASE:
+                # One adapter for the whole batch (a training iteration's rollouts): the plain
+                # LoRA forward, without peft's per-row gathers and scatters of a mixed batch.
+                if model.active_adapter != names[0]:
+                    model.set_adapter(names[0], inference_mode=True)
+                names = None
         with torch.inference_mode():
-            return self.model_for()(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                                    use_cache=True, logits_to_keep=1, **extra)
+            if names is not None:  # a mixed batch: peft routes each row to its adapter
+                out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+                            use_cache=True, logits_to_keep=1, adapter_names=names)
+                return out.logits[:, -1, :], out.cache
+            # The body, then lm_head on the last positions as one [n, H] matrix: through the
+            # model's own forward, a [n, 1, H] input made torch copy the whole [H, V] head
+            # weight on every call (half the time of a one-row pass).
+            base = model.get_base_model() if hasattr(model, "get_base_model") else model
+            out = base.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+            return base.lm_head(out.last_hidden_state[:, -1, :].contiguous()), out.cache
 
     def _sample(self, rows: list[Row], logits) -> None:
         logits = logits.float().cpu()  # sampled with CPU generators, wherever the model runs

@@ -391,6 +391,58 @@ def test_the_next_step_of_an_episode_prefills_only_what_is_new(taught_model_dir,
         LocalPolicy(str(taught_model_dir), prefix_cache_tokens=-1)
 
 
+def test_calls_extending_different_finished_calls_prefill_together_and_decode_as_alone():
+    """Three follow-up calls, each extending another finished call by a different number of
+    tokens, are prefilled in one forward pass (each from its own cached prefix, padding in
+    between masked out), and each decodes what it decodes with nothing cached; a call that
+    then extends one of them reuses the KV kept from that padded batch."""
+    from concurrent.futures import Future
+
+    from forge_bridge.policies.base import Sampling
+    from forge_bridge.policies.decoding import PrefixCache
+    from forge_bridge.policies.local import _Request
+
+    with LocalPolicy(*models.tiny(seed=5), dtype="float32") as policy:
+        def request(prompt):
+            return _Request(prompt, Sampling(temperature=0.0, max_tokens=6), None, Future())
+
+        def alone(prompt):  # no cache at all
+            decoder, req = policy._decoder(), request(prompt)
+            done = decoder.admit([req])
+            while decoder.rows:
+                done += decoder.step()
+            return done[0]
+
+        def same(row, reference):
+            return row.tokens == reference.tokens and row.logprobs == pytest.approx(reference.logprobs, abs=1e-4)
+
+        decoder = policy._decoder(PrefixCache(100_000))
+        firsts = [request(policy.encode([{"role": "user", "content": text}]))
+                  for text in ("Hi.", "Say something long, please.", "Count to three.")]
+        done = decoder.admit(firsts)
+        while decoder.rows:
+            done += decoder.step()
+        fed = {id(row.request): row.request.prompt + row.tokens for row in done}
+        follow = [request(fed[id(req)] + [42 + k] * (2 + 3 * k)) for k, req in enumerate(firsts)]
+        prefills, reused = decoder.prefills, decoder.reused_tokens
+        done = decoder.admit(follow)
+        assert decoder.prefills == prefills + 1  # one pass for the three
+        assert decoder.reused_tokens - reused == sum(len(fed[id(r)]) - 1 for r in firsts)
+        while decoder.rows:
+            done += decoder.step()
+        rows = {id(row.request): row for row in done}
+        for req in follow:
+            assert same(rows[id(req)], alone(req.prompt))
+        last = rows[id(follow[0])]
+        again = request(last.request.prompt + last.tokens + [7, 7, 7])
+        reused = decoder.reused_tokens
+        done = decoder.admit([again])
+        while decoder.rows:
+            done += decoder.step()
+        assert decoder.reused_tokens - reused == len(last.request.prompt) + len(last.tokens) - 1
+        assert same(done[0], alone(again.prompt))
+
+
 def test_versions_of_one_shape_reuse_lora_slots_and_serve_exactly_their_weights(taught_model_dir, adapter_dirs, tmp_path):
     """A swap copies weights into a pooled slot: each version still answers with its own
     weights (as a fresh policy loading only it does), a retired version's slot is reused, and

@@ -81,3 +81,41 @@ def test_the_sampler_draws_from_that_distribution():
         assert torch.allclose(counts / 20000, p, atol=0.015), (temperature, top_p, counts / 20000, p)
         if top_p < 1.0:
             assert counts[2:].sum() == 0
+
+
+def test_a_shared_prefix_runs_once_and_gives_the_same_logprobs_and_gradients():
+    from forge_bridge.trainer.logprobs import MIN_SHARED_PREFIX, shared_prefix_length
+    from forge_bridge.trainer.lora import attach_lora
+
+    model = attach_lora(models.tiny(seed=3)[0], rank=4, alpha=8, targets=["q_proj", "v_proj", "down_proj"])
+    torch.manual_seed(0)
+    for p in model.parameters():  # LoRA B starts at 0: give the adapter a real effect
+        if p.requires_grad:
+            p.data.normal_(0, 0.05)
+    prefix = torch.randint(3, 90, (MIN_SHARED_PREFIX + 4,)).tolist()
+    rows = [prefix + [7, 9, 11], prefix + [5], prefix + [8, 8, 8, 8, 12]]  # unequal tails
+    T = max(map(len, rows))
+    ids = torch.zeros((3, T), dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    for b, r in enumerate(rows):  # right padding, as collate pads
+        ids[b, :len(r)], attention[b, :len(r)] = torch.tensor(r), 1
+    mask = attention.float().clone()
+    mask[:, :10] = 0  # the prefix's later tokens are trained too, so its gradient matters
+    assert shared_prefix_length(ids, attention) == len(prefix)
+    assert shared_prefix_length(ids[:1], attention[:1]) == 0  # one row: nothing to share
+
+    def run(share: bool):
+        model.zero_grad()
+        logp, hidden, _ = token_logprobs(model, ids, attention, mask, share_prefix=share)
+        (logp.sum() + hidden[attention.bool()].pow(2).mean()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+        return logp.detach(), hidden.detach(), grads
+
+    logp_full, hidden_full, grads_full = run(False)
+    logp_shared, hidden_shared, grads_shared = run(True)
+    assert torch.allclose(logp_shared, logp_full, atol=1e-5)
+    live = attention.bool()
+    assert torch.allclose(hidden_shared[live], hidden_full[live], atol=1e-5)
+    assert grads_full and all(torch.allclose(grads_shared[n], grads_full[n], atol=1e-5, rtol=1e-4)
+                              for n in grads_full)
+    assert any(float(g.abs().sum()) > 0 for g in grads_full.values())
