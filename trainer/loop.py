@@ -114,7 +114,11 @@ class Trainer:
 
     def slot_of(self, group: TrajectoryGroup) -> str:
         """The policy slot (and LoRA) a group's trajectories train: its role's, else the default."""
-        return (self.config.role_slots or {}).get(group.role, DEFAULT_SLOT) if group.role else DEFAULT_SLOT
+        return self.slot_of_role(group.role)
+
+    def slot_of_role(self, role: str | None) -> str:
+        """The slot (and LoRA) a role's trajectories train (no role, or none of its own: the default)."""
+        return (self.config.role_slots or {}).get(role, DEFAULT_SLOT) if role else DEFAULT_SLOT
 
     @contextmanager
     def training(self, slot: str):

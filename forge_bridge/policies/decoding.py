@@ -291,15 +291,16 @@ class Decoder:
                 if model.active_adapter != names[0]:
                     model.set_adapter(names[0], inference_mode=True)
                 names = None
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
         with torch.inference_mode():
-            if names is not None:  # a mixed batch: peft routes each row to its adapter
+            if names is not None or not hasattr(base, "lm_head"):  # a mixed batch: peft routes each row
+                extra = {} if names is None else {"adapter_names": names}
                 out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                            use_cache=True, logits_to_keep=1, adapter_names=names)
+                            use_cache=True, logits_to_keep=1, **extra)
                 return out.logits[:, -1, :], out.cache
             # The body, then lm_head on the last positions as one [n, H] matrix: through the
             # model's own forward, a [n, 1, H] input made torch copy the whole [H, V] head
             # weight on every call (half the time of a one-row pass).
-            base = model.get_base_model() if hasattr(model, "get_base_model") else model
             out = base.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
             return base.lm_head(out.last_hidden_state[:, -1, :].contiguous()), out.cache
 

@@ -109,3 +109,30 @@ def test_the_format_can_be_named_and_a_wrong_one_is_refused(tmp_path):
         assert policy.tool_format == "llama3_json"
     finally:
         policy.close()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_scripted_expert_writes_and_is_parsed_in_the_families_format(family):
+    """Demonstrations for a Llama 3.x or Mistral model: the script writes the family's calls,
+    the scripted policy parses them in that format (detected from the template), and the
+    recorded tokens are the family's own (Mistral's [TOOL_CALLS] a single special token)."""
+    from forge_bridge.core.errors import InvalidArgument
+    from forge_bridge.policies.scripted import ScriptedPolicy
+
+    template, special, eos, reply, _ = FAMILIES[family]
+    tokenizer = models.tiny_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": special, "eos_token": eos})
+    tokenizer.chat_template = template
+    expert = ScriptedPolicy(lambda messages, tools: reply, tokenizer)
+    assert expert.tool_format == family
+    out = expert.chat(testing.ASK, [testing.ADD_TOOL])
+    (call,) = out.action.tool_calls
+    assert call.name == "add" and json.loads(call.arguments) == {"a": 2, "b": 3}
+    assert not out.action.parse_errors
+    assert out.completion_token_ids[:-1] == tokenizer.encode(reply, add_special_tokens=False)
+    if family == "mistral":
+        assert out.completion_token_ids[0] == tokenizer.convert_tokens_to_ids("[TOOL_CALLS]")
+    hermes = ScriptedPolicy(lambda messages, tools: reply, tokenizer, tool_format="hermes")
+    assert not hermes.chat(testing.ASK, [testing.ADD_TOOL]).action.tool_calls  # not its format
+    with pytest.raises(InvalidArgument, match="tool_format"):
+        ScriptedPolicy(lambda messages, tools: reply, tokenizer, tool_format="pythonic")

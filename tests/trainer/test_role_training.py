@@ -118,3 +118,30 @@ def test_role_slot_settings_are_checked(taught_model_dir, tmp_path):
     finally:
         trainer.close()
         policy.close()
+
+
+def test_sft_trains_each_roles_lora_on_that_roles_demonstrations(taught_model_dir, tmp_path):
+    from forge_bridge.trainer.sft import SFTConfig, supervised_finetune
+
+    policy = fb.LocalPolicy(str(taught_model_dir))
+    trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(role_slots={"researcher": "researcher"}, lr=5e-3,
+                                                   out_dir=str(tmp_path / "run"), run_name="crew",
+                                                   progress=False, seed=0), model=str(taught_model_dir))
+    try:
+        rollout = crew_rollout(policy)
+        for k in range(2):  # recorded crews: a researcher's and a writer's trajectory each
+            with fb.episode("paris", recorder=trainer.recorder, seed=k):
+                rollout({"id": "paris"})
+        demos = [t for t in trainer.recorder.store.trajectories() if t.role is not None]
+        assert {t.role for t in demos} == {"researcher", "writer"}
+        result = supervised_finetune(trainer, demos, SFTConfig(epochs=3, lr=5e-3, batch_size=64))  # one batch: comparable losses
+    finally:
+        trainer.close()
+    # the researcher's slot learned from its own trajectories, the writer (no slot of its own)
+    # trained the shared LoRA; each was published to its slot
+    assert float(lora_B(trainer, "researcher").abs().max()) > 0
+    assert float(lora_B(trainer, "default").abs().max()) > 0
+    assert result["sft_loss_last/researcher"] < result["sft_loss_first/researcher"]
+    assert result["sft_loss_last/default"] < result["sft_loss_first/default"]
+    assert policy.current("researcher") == "crew-researcher-v1" and policy.current() == "crew-v1"
+    policy.close()

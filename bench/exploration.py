@@ -1,0 +1,104 @@
+"""Can pass/fail RL find the two-step kind on its own? How often a warm start taught only the
+single-tool kinds solves `lookup_multiply` when sampled.
+
+GRPO learns from differences between rollouts: a kind that no rollout solves gives it nothing
+to compare. The demo issue asks for the multi-step kinds to be learned from the reward alone,
+with demonstrations of the single-tool kinds only. This measures the premise: SFT on the
+scripted expert's `multiply` and `lookup` demonstrations (the demo's agent, model and
+settings), then the demo's LangChain agent sampled on every training `lookup_multiply` task at
+several temperatures, with each rollout's seed fixed. It prints the success rate and what the
+rollouts did (the sequence of tool calls), and the greedy success of the single-tool kinds on
+the held-out tasks (what the warm start did learn).
+
+    .venv/bin/python bench/exploration.py [--sft-epochs 1 2] [--seed 0] [--samples 4]
+
+What it does not cover: other models (a larger one may compose the two calls on its own), other
+prompts or tool descriptions, and any exploration bonus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sft-epochs", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0, 1.3])
+    ap.add_argument("--samples", type=int, default=4, help="rollouts per task and temperature")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="runs/bench-exploration")
+    args = ap.parse_args()
+
+    import torch
+
+    import forge_bridge as fb
+    from forge_bridge.app.demo import attempt, build_agent
+    from forge_bridge.app.tasks import expert_reply, make_splits
+    from forge_bridge.core.episode import derive_seed
+    from forge_bridge.core.store import TrajectoryStore
+    from forge_bridge.policies.scripted import ScriptedPolicy
+    from forge_bridge.trainer.sft import SFTConfig, supervised_finetune
+
+    train, held_out = make_splits(24, 10, args.seed)
+    single = [t for t in train if t.kind in ("multiply", "lookup")]
+    two_step = [t for t in train if t.kind == "lookup_multiply"]
+    for epochs in args.sft_epochs:
+        torch.manual_seed(args.seed)
+        out = Path(args.out) / f"sft{epochs}-seed{args.seed}"
+        shutil.rmtree(out, ignore_errors=True)
+        store = TrajectoryStore(out / "trajectories.db")
+        policy = fb.LocalPolicy("smollm2-135m-instruct", max_batch=20)
+        agent = build_agent(policy, 0.7, 48)
+
+        def run(agent, task, recorder, temperature, seed=None):
+            with fb.sampling(temperature=temperature), \
+                    fb.episode(task.id, recorder=recorder, metadata={"kind": task.kind}, seed=seed) as ep:
+                try:
+                    passed = attempt(agent, task, 4)
+                except fb.PolicyError:
+                    raise
+                except Exception as exc:
+                    ep.mark_end("crashed", str(exc))
+                    passed = False
+                ep.reward(float(passed))
+                return passed
+
+        expert = build_agent(ScriptedPolicy(expert_reply, policy.tokenizer), 0.0, 48)
+        demos = fb.Recorder(store, "demonstrations")
+        with ThreadPoolExecutor(20) as pool:
+            list(pool.map(lambda t: run(expert, t, demos, 0.0), single))
+        trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(run_name="explore", out_dir=str(out), seed=args.seed,
+                                                       progress=False, max_seq_len=768, merge_steps=True,
+                                                       microbatch_size=8), recorder=fb.Recorder(store))
+        recorded = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
+        sft = supervised_finetune(trainer, recorded, SFTConfig(epochs=epochs, lr=1e-3, batch_size=8))
+        print(f"\nSFT {epochs} epoch(s) on {len(recorded)} single-tool demonstrations: loss "
+              f"{sft['sft_loss_first']:.3f} -> {sft['sft_loss_last']:.3f}")
+        recorder = fb.Recorder(store, "single")
+        with ThreadPoolExecutor(20) as pool:
+            ok = list(pool.map(lambda t: run(agent, t, recorder, 0.0), [t for t in held_out if t.kind != "lookup_multiply"]))
+        print(f"  single-tool kinds, held-out, greedy: {sum(ok)}/{len(ok)}")
+        for temperature in [0.0] + args.temperatures:
+            run_id = f"T{temperature}"
+            recorder = fb.Recorder(store, run_id)
+            jobs = [(t, k) for t in two_step for k in range(1 if temperature == 0 else args.samples)]
+            with ThreadPoolExecutor(20) as pool:
+                ok = list(pool.map(lambda job: run(agent, job[0], recorder, temperature,
+                                                   derive_seed(args.seed, job[0].id, job[1], temperature)), jobs))
+            patterns = collections.Counter(
+                " -> ".join([c.name for s in t.transitions for c in s.action.tool_calls] + ["answer"])
+                for t in store.iter(run_id=run_id))
+            print(f"  lookup_multiply, training tasks, T={temperature}: {sum(ok)}/{len(ok)} solved; "
+                  + "; ".join(f"{n}x {p}" for p, n in patterns.most_common(4)))
+        trainer.close()
+        policy.close()
+        store.close()
+
+
+if __name__ == "__main__":
+    main()
