@@ -13,13 +13,13 @@ from typing import Sequence
 import torch
 
 from forge_bridge.core.errors import InvalidArgument
-from forge_bridge.policies.base import DEFAULT_SLOT
 from forge_bridge.core.types import Trajectory
+from forge_bridge.policies.base import DEFAULT_SLOT
 from forge_bridge.trainer.batch import build_samples
 from forge_bridge.trainer.config import SFTConfig
 from forge_bridge.trainer.logprobs import token_logprobs
-from forge_bridge.trainer.lora import adapter_parameters
 from forge_bridge.trainer.loop import Trainer
+from forge_bridge.trainer.lora import adapter_parameters
 from forge_bridge.trainer.losses import aggregate
 
 
