@@ -512,3 +512,20 @@ def test_a_caller_that_gives_up_leaves_the_policy_working_and_its_version_loaded
         while "v1" in policy._pool.holder and time.time() < deadline:
             time.sleep(0.05)
         assert "v1" not in policy._pool.holder and not any(policy._in_flight.values())
+
+
+def test_the_decoding_worker_leaves_the_agents_a_core():
+    import torch
+
+    from forge_bridge.core.errors import InvalidArgument
+
+    before = torch.get_num_threads()
+    with LocalPolicy(*models.tiny(), dtype="float32") as policy:
+        assert policy.threads == max(1, before - 1)
+        assert policy.chat(testing.ASK, max_tokens=2).completion_token_ids
+    with LocalPolicy(*models.tiny(), dtype="float32", threads=1) as policy:
+        assert policy.threads == 1
+    assert torch.get_num_threads() == before  # the worker's setting is its own thread's
+    for bad in (0, True, 1.5):
+        with pytest.raises(InvalidArgument, match="threads"):
+            LocalPolicy(*models.tiny(), threads=bad)
