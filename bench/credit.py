@@ -10,7 +10,7 @@ tools (multiply, lookup, add) on the embedded SmolLM2-135M. The multi-step kinds
 - `lookup_add`: two lookups, then add (three tool calls, four model calls).
 
 Per seed, one SFT warm start is shared by the three arms: demonstrations (the scripted expert
-through the same agent), 8 of each single-tool kind and 6 of each multi-step kind, two epochs, so that the
+through the same agent), 8 of each single-tool kind and 10 of each multi-step kind, two epochs, so that the
 warm start solves some multi-step tasks and RL has something to sharpen. Each arm then starts from
 that adapter and trains `--iterations` iterations on the multi-step kinds only (the same tasks
 in the same order for every arm: `--tasks-per-kind` of each kind x `--group-size` rollouts at
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-per-kind", type=int, default=16)
     p.add_argument("--eval-per-kind", type=int, default=10)
     p.add_argument("--demos-per-single", type=int, default=8, help="demonstrations of each single-tool kind")
-    p.add_argument("--demos-per-multi", type=int, default=6, help="demonstrations of each multi-step kind")
+    p.add_argument("--demos-per-multi", type=int, default=10, help="demonstrations of each multi-step kind")
     p.add_argument("--sft-epochs", type=int, default=2)
     p.add_argument("--sft-lr", type=float, default=1e-3)
     p.add_argument("--lr", type=float, default=3e-4, help="RL learning rate (every arm)")

@@ -44,10 +44,11 @@ def build_agent(policy, task, temperature: float, max_tokens: int):
         policy, temperature=temperature, max_tokens=max_tokens, max_model_calls=2)])
 
 
-def attempt(policy, task, temperature: float, max_tokens: int) -> float:
-    """One episode (inside the current one): 1 when its first call is exactly right."""
+def attempt(policy, task, temperature: float, max_tokens: int, reward: str = "exact") -> float:
+    """One episode (inside the current one), scored on its first call: 1 when it is exactly right,
+    else 0 (`reward="exact"`) or the share of its arguments that are right (`"partial"`)."""
     import forge_bridge as fb
-    from forge_bridge.app.tasks.functions import check_call
+    from forge_bridge.app.tasks.functions import check_call, score_call
 
     agent = build_agent(policy, task, temperature, max_tokens)
     try:
@@ -57,7 +58,11 @@ def attempt(policy, task, temperature: float, max_tokens: int) -> float:
             raise
         fb.current_episode().mark_end("crashed", f"{type(exc).__name__}: {exc}")
     steps = fb.current_episode().trajectory.transitions
-    return 1.0 if steps and check_call(task, steps[0].action.tool_calls) else 0.0
+    if not steps:
+        return 0.0
+    if reward == "partial":
+        return score_call(task, steps[0].action.tool_calls)
+    return 1.0 if check_call(task, steps[0].action.tool_calls) else 0.0
 
 
 def evaluate(policy, tasks, store, run_id: str, max_tokens: int, concurrency: int) -> float:
@@ -92,7 +97,7 @@ def run_seed(seed: int, args) -> dict:
     report = report[:args.eval_tasks]
     rng = random.Random(seed)
     policy = fb.LocalPolicy(args.model, max_batch=args.concurrency)
-    result: dict = {"seed": seed, "split": args.split}
+    result: dict = {"seed": seed, "split": args.split, "reward": args.reward}
     t0 = time.perf_counter()
 
     # demonstrations: the exact call, then a short answer, through the same agent
@@ -109,7 +114,7 @@ def run_seed(seed: int, args) -> dict:
             ep.reward(attempt(scripted, task, 0.0, args.max_tokens))
     demos = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
-        group_size=args.group_size, lr=args.lr, warmup_steps=2, minibatch_size=128, microbatch_size=8,
+        group_size=args.group_size, lr=args.lr, baseline=args.baseline, warmup_steps=2, minibatch_size=128, microbatch_size=8,
         concurrency=args.concurrency, max_seq_len=1024, merge_steps=True, run_name="fc",
         out_dir=str(out / "run"), seed=seed, progress=not args.quiet), recorder=fb.Recorder(store))
     sft = supervised_finetune(trainer, demos, SFTConfig(epochs=args.sft_epochs, lr=args.sft_lr, batch_size=8))
@@ -118,17 +123,22 @@ def run_seed(seed: int, args) -> dict:
     print(f"seed {seed}: SFT {result['SFT']:.2f} on {len(report)} {args.split} requests", flush=True)
 
     def rollout(task) -> float:
-        return attempt(policy, task, args.temperature, args.max_tokens)
+        return attempt(policy, task, args.temperature, args.max_tokens, args.reward)
 
     def schedule(it: int):
         return random.Random(seed * 100_003 + it).sample(train, args.tasks_per_iteration)
 
     history = trainer.train(rollout, schedule, iterations=trainer.iteration + args.iterations)
     result["training_reward"] = [h["reward_mean"] for h in history]
+    rolled = store.trajectories(run_id=trainer.run_id)
+    result["training_exact"] = [  # a partial score of 1.0 is an exact call
+        statistics.mean([float(t.reward == 1.0) for t in rolled if t.metadata.get("iteration") == h["iteration"]] or [0.0])
+        for h in history]
     result["SFT+RL"] = evaluate(policy, report, store, "eval-rl", args.max_tokens, args.concurrency)
     result["wall_s"] = time.perf_counter() - t0
     print(f"seed {seed}: SFT+RL {result['SFT+RL']:.2f}; training reward per iteration "
-          f"{[round(r, 2) for r in result['training_reward']]} ({result['wall_s']:.0f} s)", flush=True)
+          f"{[round(r, 2) for r in result['training_reward']]}, exact {[round(r, 2) for r in result['training_exact']]} "
+          f"({result['wall_s']:.0f} s)", flush=True)
     trainer.close()
     policy.close()
     store.close()
@@ -148,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks-per-iteration", type=int, default=6)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--reward", choices=("exact", "partial"), default="exact",
+                   help="RL reward: the exact check (pass/fail) or the share of arguments right")
+    p.add_argument("--baseline", choices=("group", "batch"), default="group")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--concurrency", type=int, default=16)

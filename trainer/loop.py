@@ -70,6 +70,8 @@ class Trainer:
             base.set_attn_implementation("eager")
         if config.gradient_checkpointing:
             base.activation_checkpointing_enable({"use_reentrant": False})
+        self.share_prefix = not config.gradient_checkpointing
+        """Whether a microbatch's shared token prefix runs once (not under activation checkpointing)."""
         self.slots = [DEFAULT_SLOT] + sorted(set((config.role_slots or {}).values()) - {DEFAULT_SLOT})
         """The LoRAs this run trains, by policy slot: the shared one and one per role slot."""
         self.model = attach_lora(base, config.lora_rank, config.lora_alpha, config.lora_targets,
@@ -285,7 +287,7 @@ class Trainer:
         with self.autocast():
             return token_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
                                   batch["loss_mask"], with_entropy, batch["temperature"],
-                                  share_prefix=not self.config.gradient_checkpointing)
+                                  share_prefix=self.share_prefix)
 
     def _step(self, minibatch: list[Sample]) -> dict[str, float]:
         """One optimizer step on the minibatch, its gradient accumulated over microbatches, each
@@ -360,7 +362,7 @@ class Trainer:
             if self.reference is not None:
                 return token_logprobs(self.reference, *args)[0]
             with self.model.disable_adapter():
-                return token_logprobs(self.model, *args, share_prefix=not self.config.gradient_checkpointing)[0]
+                return token_logprobs(self.model, *args, share_prefix=self.share_prefix)[0]
 
     # ------------------------------------------------------------------ publish, log, checkpoint
     def version_name(self, n: int, slot: str = DEFAULT_SLOT) -> str:

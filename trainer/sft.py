@@ -80,8 +80,7 @@ def _fit(trainer: Trainer, samples: list, config: SFTConfig, slot: str, desc: st
                 batch = trainer.collate([samples[i] for i in order[start:start + size]])
                 with trainer.autocast():
                     logp, _, _ = token_logprobs(trainer.model, batch["input_ids"], batch["attention_mask"],
-                                                batch["loss_mask"],
-                                                share_prefix=not trainer.config.gradient_checkpointing)
+                                                batch["loss_mask"], share_prefix=trainer.share_prefix)
                     loss = sft_loss(logp, batch["loss_mask"])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()

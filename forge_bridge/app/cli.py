@@ -139,9 +139,12 @@ def _train(args: argparse.Namespace, policy, config, make_rollout, tasks) -> int
 def _cmd_eval(args: argparse.Namespace) -> int:
     import forge_bridge as fb
     from forge_bridge.app import demo
-    from forge_bridge.app.tasks import make_splits
+    from forge_bridge.app.tasks import held_out_tasks, make_splits
 
-    _, held_out = make_splits(eval_per_kind=args.per_kind, seed=args.seed)
+    if args.split == "held_out":
+        held_out = held_out_tasks(args.per_kind, args.seed)
+    else:
+        _, held_out = make_splits(eval_per_kind=args.per_kind, seed=args.seed)
     policy = fb.LocalPolicy(args.model)
     if args.adapter:
         policy.load_adapter(args.adapter, "evaluated")
@@ -350,7 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "and print the success rate per task kind.")
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--adapter", help="a LoRA adapter directory to evaluate")
-    p.add_argument("--per-kind", type=int, default=10, help="held-out tasks per kind (default: 10)")
+    p.add_argument("--per-kind", type=int, default=10, help="tasks per kind (default: 10)")
+    p.add_argument("--split", choices=("held_out", "validation"), default="held_out",
+                   help="the demo's held-out tasks (default) or the validation tasks its settings were chosen on")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--store", default="runs/eval/trajectories.db", help="where the episodes are recorded")
     p.set_defaults(func=_cmd_eval)

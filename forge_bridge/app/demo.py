@@ -3,7 +3,8 @@ measurably better at tool use through forge-bridge, on the embedded model, on a 
 
 1. build a `create_agent` agent with calculator and lookup tools, on `LocalPolicy` through
    `ForgeMiddleware` (the one added line);
-2. evaluate it greedily on the held-out tasks (base);
+2. evaluate it greedily on the held-out tasks (base), and on the validation tasks the settings
+   were chosen on;
 3. record demonstrations through the same middleware with a scripted expert policy, and warm
    start the LoRA with SFT on them (a 135M model does not call tools out of the box);
 4. evaluate (SFT); train with multi-turn GRPO (per-step gamma credit, a batch baseline, a KL
@@ -24,7 +25,15 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from forge_bridge.app.tasks import ALL_KINDS, KINDS_ORDER, Task, check_answer, expert_reply, make_splits
+from forge_bridge.app.tasks import (
+    ALL_KINDS,
+    KINDS_ORDER,
+    Task,
+    check_answer,
+    expert_reply,
+    held_out_tasks,
+    make_splits,
+)
 from forge_bridge.core.errors import InvalidArgument
 
 _MAY_BE_ZERO = ("seed", "rl_iterations", "rl_warmup_steps")
@@ -43,7 +52,7 @@ class DemoConfig:
     train_per_kind: int = 24
     """Training tasks of each kind."""
     eval_per_kind: int = 10
-    """Held-out tasks of each kind."""
+    """Validation tasks, and held-out tasks, of each kind."""
     sft_epochs: int = 1
     """Passes over the demonstrations (a short warm start: it teaches the tool-call format)."""
     sft_lr: float = 1e-3
@@ -211,9 +220,11 @@ def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
     store = TrajectoryStore(out / "trajectories.db")
-    train, held_out = make_splits(config.train_per_kind, config.eval_per_kind, config.seed)
+    train, validation = make_splits(config.train_per_kind, config.eval_per_kind, config.seed)
+    held_out = held_out_tasks(config.eval_per_kind, config.seed)
     timings: dict[str, float] = {}
     results: dict[str, dict] = {}
+    on_validation: dict[str, dict] = {}
 
     def phase(name: str):
         print(f"\n== {name}", flush=True)
@@ -226,13 +237,16 @@ def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
 
     def evaluate(label: str, run_id: str, title: str) -> None:
         t = phase(title)
-        passed = run_tasks(agent, held_out, fb.Recorder(store, run_id), greedy=True,
+        both = held_out + validation
+        passed = run_tasks(agent, both, fb.Recorder(store, run_id), greedy=True,
                            concurrency=config.concurrency, desc=f"eval {label}", progress=progress,
                            max_model_calls=config.max_model_calls)
-        results[label] = rates(held_out, passed)
+        results[label] = rates(held_out, passed[:len(held_out)])
+        on_validation[label] = rates(validation, passed[len(held_out):])
         timings[f"{label} eval"] = time.perf_counter() - t
 
-    evaluate("base", "eval-base", f"evaluating the base model on {len(held_out)} held-out tasks (greedy)")
+    evaluate("base", "eval-base", f"evaluating the base model on {len(held_out)} held-out and "
+             f"{len(validation)} validation tasks (greedy)")
 
     t = phase(f"recording {len(train)} demonstrations through the same middleware (scripted expert)")
     expert_agent = build_agent(ScriptedPolicy(expert_reply, policy.tokenizer), 0.0, config.max_tokens)
@@ -277,7 +291,7 @@ def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
         evaluate("SFT+RL", "eval-rl", "evaluating after SFT+RL")
     trainer.close()
 
-    print_table(results, timings, held_out)
+    print_table(results, timings, held_out, on_validation)
     print()
     if config.rl_iterations:  # without a GRPO iteration there is no reward curve to draw
         print(f"reward curve: {plot_run(out)}\nTensorBoard: tensorboard --logdir {out / 'tb'}")
@@ -290,7 +304,7 @@ def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
     print(f"\nthe live agent, on {policy.current()}: {last.question!r}\n  tool calls: "
           f"{' -> '.join(steps) or 'none'}\n  answer: {answer!r} "
           f"({'correct' if check_answer(last, answer) else 'wrong'}; expected {last.answer})")
-    summary = {"results": results, "timings_s": timings, "adapter": policy.current(),
+    summary = {"results": results, "validation": on_validation, "timings_s": timings, "adapter": policy.current(),
                "sft": sft, "config": asdict(config)}
     (out / "results.json").write_text(json.dumps(summary, indent=2))
     policy.close()
@@ -298,7 +312,8 @@ def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
     return summary
 
 
-def print_table(results: dict[str, dict], timings: dict[str, float], held_out: list[Task]) -> None:
+def print_table(results: dict[str, dict], timings: dict[str, float], held_out: list[Task],
+                on_validation: dict[str, dict] | None = None) -> None:
     counts = {k: sum(t.kind == k for t in held_out) for k in KINDS_ORDER}
     print(f"\nheld-out success rate, greedy ({len(held_out)} tasks)")
     header = f"{'':<20}" + "".join(f"{name:>10}" for name in results)
@@ -306,6 +321,9 @@ def print_table(results: dict[str, dict], timings: dict[str, float], held_out: l
     for row in ("all",) + KINDS_ORDER:
         label = row if row == "all" else f"{row} ({counts[row]})"
         print(f"{label:<20}" + "".join(f"{results[name].get(row, 0.0) * 100:>9.0f}%" for name in results))
+    if on_validation:
+        print("validation tasks, where the settings were chosen: "
+              + ", ".join(f"{name} {r['all'] * 100:.0f}%" for name, r in on_validation.items()))
     print("\nwall time per phase")
     for name, seconds in timings.items():
         print(f"  {name:<14}{seconds:>8.1f} s")

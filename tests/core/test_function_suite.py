@@ -2,7 +2,14 @@
 
 import json
 
-from forge_bridge.app.tasks.functions import check_call, expert_call, generate_suite, split_by_function
+from forge_bridge.app.tasks.functions import (
+    FunctionTask,
+    check_call,
+    expert_call,
+    generate_suite,
+    score_call,
+    split_by_function,
+)
 from forge_bridge.core.types import ToolCall
 from forge_bridge.policies.toolcalls import parse_hermes
 
@@ -49,6 +56,29 @@ def test_the_checker_is_exact():
     missing.pop(next(iter(missing)))
     assert not check_call(task, [ToolCall("c1", task.function, json.dumps(missing))])
     assert not check_call(task, [ToolCall("c1", task.function, "{not json")])
+
+
+def test_partial_credit_counts_each_argument_once_and_is_full_only_when_exact():
+    tool = {"type": "function", "function": {"name": "book_flight", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "seats": {"type": "integer"}, "window": {"type": "boolean"},
+        "note": {"type": "string"}}, "required": ["city"]}}}
+    task = FunctionTask("book_flight-0", tool, "Book 2 seats to Oslo by the window.",
+                        {"city": "Oslo", "seats": 2, "window": True})
+
+    def call(args, name="book_flight"):
+        return [ToolCall("c1", name, json.dumps(args))]
+
+    assert score_call(task, call(task.expected)) == 1.0 and check_call(task, call(task.expected))
+    assert score_call(task, call({"city": "Oslo", "seats": 2})) == 2 / 3  # one missing
+    assert score_call(task, call({**task.expected, "note": "x"})) == 3 / 4  # one extra: 4 names in all
+    assert score_call(task, call({"city": "Oslo", "seats": 2.0, "window": 1})) == 1 / 3  # types must match
+    assert score_call(task, call({"city": "Lima", "note": "x"})) == 0.0  # 4 names, none right
+    assert score_call(task, call(task.expected, name="book_hotel")) == 0.0
+    assert score_call(task, call(task.expected) * 2) == 0.0
+    assert score_call(task, [ToolCall("c1", "book_flight", "[1, 2]")]) == 0.0  # not an object
+    assert score_call(task, [ToolCall("c1", "book_flight", "{not json")]) == 0.0
+    for near in ({"city": "Oslo", "seats": 2}, {**task.expected, "note": "x"}):
+        assert 0 < score_call(task, call(near)) < 1 and not check_call(task, call(near))
 
 
 def test_the_expert_call_parses_and_passes():

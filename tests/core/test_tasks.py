@@ -5,7 +5,7 @@ import re
 
 import forge_bridge as fb
 from forge_bridge.app.demo import build_agent, rates, run_tasks
-from forge_bridge.app.tasks import CITIES, check_answer, expert_reply, make_splits
+from forge_bridge.app.tasks import CITIES, check_answer, expert_reply, held_out_tasks, make_splits
 from forge_bridge.core.store import TrajectoryStore
 from forge_bridge.policies import models
 from forge_bridge.policies.scripted import ScriptedPolicy
@@ -20,6 +20,21 @@ def test_splits_are_fixed_and_held_out_cities_are_unseen():
     unseen = {city.search(t.question).group(1) for t in held_out if city.search(t.question)}
     assert seen and unseen and not seen & unseen and seen | unseen <= set(CITIES)
     assert {t.kind for t in held_out} == {"multiply", "lookup", "lookup_multiply"}
+
+
+def test_the_held_out_tasks_name_cities_no_training_or_validation_task_names():
+    train, validation = make_splits(seed=0)
+    held_out = held_out_tasks(seed=0)
+    assert held_out == held_out_tasks(seed=0) and held_out != held_out_tasks(seed=1)
+    assert len(held_out) == 30 and {t.kind for t in held_out} == {"multiply", "lookup", "lookup_multiply"}
+    city = re.compile(r"population of (.+)\?")
+    named = [{city.search(t.question).group(1) for t in tasks if city.search(t.question)}
+             for tasks in (train, validation, held_out)]
+    assert named[2] and not named[2] & (named[0] | named[1]) and named[2] <= set(CITIES)
+    # every held-out city is asked about in the two-step kind too, not only in plain lookups
+    assert len({city.search(t.question).group(1) for t in held_out if t.kind == "lookup_multiply"}) == 7
+    assert not {t.id for t in held_out} & {t.id for t in train + validation}
+    assert all(check_answer(t, str(t.answer)) for t in held_out)
 
 
 def test_check_answer_is_exact():

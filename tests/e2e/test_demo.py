@@ -14,7 +14,8 @@ def test_demo_pipeline_runs_end_to_end(quick_demo):
     assert "held-out success rate, greedy (6 tasks)" in proc.stdout
     assert "lookup_multiply (2)" in proc.stdout and "wall time per phase" in proc.stdout
     summary = json.loads((out / "results.json").read_text())
-    assert list(summary["results"]) == ["base", "SFT", "SFT+RL"]
+    assert list(summary["results"]) == ["base", "SFT", "SFT+RL"] == list(summary["validation"])
+    assert "validation tasks, where the settings were chosen: base" in proc.stdout
     assert summary["adapter"] == "demo-v3"  # v1 from SFT, v2-v3 from two GRPO iterations
     assert summary["sft"]["sft_loss_last"] < summary["sft"]["sft_loss_first"]
     assert (out / "reward_curve.png").stat().st_size > 1000
@@ -22,7 +23,10 @@ def test_demo_pipeline_runs_end_to_end(quick_demo):
     assert list((out / "tb").iterdir())
     with TrajectoryStore(out / "trajectories.db") as store:
         assert store.count(run_id="demonstrations", status="complete") == 12
-        assert store.count(run_id="eval-base") == store.count(run_id="eval-rl") == 6
+        assert store.count(run_id="eval-base") == store.count(run_id="eval-rl") == 6 + 6  # held-out + validation
+        held = {t.task_id for t in store.trajectories(run_id="eval-rl")} - {
+            t.task_id for t in store.trajectories(run_id="demonstrations")}
+        assert len(held) == 12  # no evaluated task is a demonstrated one
         run_id = json.loads((out / "run.json").read_text())["run_id"]
         assert run_id.startswith("demo-")
         rl = store.trajectories(run_id=run_id)

@@ -1,4 +1,4 @@
-"""Tool-use tasks whose answers can be checked exactly: the demo's training and held-out sets."""
+"""Tool-use tasks whose answers can be checked exactly: the demo's training, validation and held-out sets."""
 
 from forge_bridge.app.tasks.toolbench import (
     ALL_KINDS,
@@ -8,9 +8,10 @@ from forge_bridge.app.tasks.toolbench import (
     Task,
     check_answer,
     expert_reply,
+    held_out_tasks,
     make_splits,
     tool_schemas,
 )
 
 __all__ = ["ALL_KINDS", "CITIES", "KINDS_ORDER", "MULTI_STEP_KINDS", "Task", "check_answer", "expert_reply",
-           "make_splits", "tool_schemas"]
+           "held_out_tasks", "make_splits", "tool_schemas"]

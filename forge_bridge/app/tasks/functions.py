@@ -160,8 +160,27 @@ def split_by_function(tasks: Sequence[FunctionTask], validation: float = 0.15, h
 def check_call(task: FunctionTask, tool_calls: Sequence[Any]) -> bool:
     """Exactly one call, to the task's function, with exactly the expected arguments (`tool_calls`:
     `ToolCall`s or OpenAI-format dicts; arguments as a JSON string or a dict)."""
+    args = _arguments_of_the_one_call(task, tool_calls)
+    return args is not None and _same(args, task.expected)
+
+
+def score_call(task: FunctionTask, tool_calls: Sequence[Any]) -> float:
+    """Partial credit in [0, 1]: 0 unless exactly one call of the task's function with a JSON object
+    of arguments; then the share of argument names, over those expected or given, that the call
+    got exactly right (a missing, an extra and a wrong argument each cost one). 1.0 exactly when
+    `check_call` passes."""
+    args = _arguments_of_the_one_call(task, tool_calls)
+    if not isinstance(args, dict):
+        return 0.0
+    names = set(args) | set(task.expected)
+    right = sum(1 for k in names if k in args and k in task.expected and _same(args[k], task.expected[k]))
+    return right / len(names)
+
+
+def _arguments_of_the_one_call(task: FunctionTask, tool_calls: Sequence[Any]) -> Any:
+    """The parsed arguments when there is exactly one call and it names the task's function; else None."""
     if len(tool_calls) != 1:
-        return False
+        return None
     call = tool_calls[0]
     if isinstance(call, dict):
         fn = call.get("function", call)
@@ -169,12 +188,11 @@ def check_call(task: FunctionTask, tool_calls: Sequence[Any]) -> bool:
     else:
         name, arguments = call.name, call.arguments
     if name != task.function:
-        return False
+        return None
     try:
-        args = json.loads(arguments) if isinstance(arguments, str) else arguments
+        return json.loads(arguments) if isinstance(arguments, str) else arguments
     except ValueError:
-        return False
-    return _same(args, task.expected)
+        return None
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -194,4 +212,4 @@ def expert_call(task: FunctionTask) -> str:
             + "\n</tool_call>")
 
 
-__all__ = ["FunctionTask", "check_call", "expert_call", "generate_suite", "split_by_function"]
+__all__ = ["FunctionTask", "check_call", "expert_call", "generate_suite", "score_call", "split_by_function"]
