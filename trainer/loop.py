@@ -315,8 +315,11 @@ class Trainer:
                                entropy=float(entropy.mean()) if entropy is not None and entropy.numel() else 0.0)
             for k, v in chunk_stats.items():
                 stats[k] = stats.get(k, 0.0) + weight * v
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip))
+        # each parameter group clipped on its own: a young value head's large gradient must not
+        # shrink the LoRA's step (the first group is the LoRA; its norm is `grad_norm`)
+        for n, group in enumerate(self.optimizer.param_groups):
+            norm = float(torch.nn.utils.clip_grad_norm_(group["params"], self.config.grad_clip))
+            stats["grad_norm" if n == 0 else f"grad_norm_{group.get('name', n)}"] = norm
         stats["lr"] = self._warm_up()
         self.optimizer.step()
         return stats

@@ -51,6 +51,8 @@ def test_rl_improves_the_success_rate_and_moves_only_the_lora(algo, choice_model
     if algo == "ppo":
         assert any(not torch.equal(p, v) for p, v in zip(
             (p for m in trainer.extra_modules.values() for p in m.parameters()), value_before))
+        assert all(h["grad_norm_value_head"] > 0 and h["grad_norm"] > 0 for h in history)  # clipped each on its own
+        assert all(-0.5 < h["value_mean"] < 1.5 for h in history), [h["value_mean"] for h in history]  # rewards in [0, 1]
     # The metrics, the run folder and the live policy agree.
     assert [h["iteration"] for h in history] == list(range(1, 13))
     assert policy.current() == f"{algo}-v12"

@@ -1,0 +1,46 @@
+"""PPO's value head: it reads the policy's hidden states detached and scaled to unit L1 norm, so
+its loss never reaches the LoRA and one Adam step moves a value by a bounded amount."""
+
+import pytest
+import torch
+
+from forge_bridge.trainer.ppo import read_values
+
+
+def zero_head(width: int) -> torch.nn.Linear:
+    head = torch.nn.Linear(width, 1)
+    torch.nn.init.zeros_(head.weight)
+    torch.nn.init.zeros_(head.bias)
+    return head
+
+
+def test_values_are_read_at_the_positions_and_do_not_reach_the_hidden_states():
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 5, 8, requires_grad=True)
+    head = torch.nn.Linear(8, 1)
+    positions = torch.tensor([[1, 3], [0, 4]])
+    values = read_values(head, hidden, positions)  # [B, S]
+    assert values.shape == (2, 2)
+    x = hidden.detach()[1, 4]
+    assert float(values[1, 1]) == pytest.approx(float(head(x / x.abs().sum())), abs=1e-6)
+    values.sum().backward()
+    assert hidden.grad is None and head.weight.grad is not None
+
+
+@pytest.mark.parametrize("scale", [1.0, 30.0])
+def test_one_adam_step_moves_a_value_by_twice_the_rate_whatever_the_width_and_scale(scale):
+    # Adam's first step moves every parameter by exactly lr * sign(grad). With the input at unit
+    # L1 norm the weights move the value by lr * sum|x| / |x|_1 = lr, and the bias by lr: 2 lr.
+    torch.manual_seed(0)
+    for width in (64, 576):
+        hidden = torch.randn(1, 3, width) * scale
+        head = zero_head(width)
+        optimizer = torch.optim.Adam(head.parameters(), lr=0.05)
+        positions = torch.tensor([[2]])
+        before = read_values(head, hidden, positions)
+        (0.5 * (before - 1.0) ** 2).sum().backward()
+        optimizer.step()
+        moved = float(read_values(head, hidden, positions) - before)
+        assert moved == pytest.approx(2 * 0.05, rel=1e-4)
+        # the raw hidden state would have moved it by lr * (1 + |h|_1): 1.6 to 1,400 here
+        assert 0.05 * (1 + float(hidden[0, 2].abs().sum())) > 1.5
