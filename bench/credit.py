@@ -2,6 +2,10 @@
 the same multi-step tasks with the same number of rollouts, over several seeds.
 
     .venv/bin/python bench/credit.py [--seeds 0 1 2] [--iterations 4] [--out runs/bench-credit]
+    .venv/bin/python bench/credit.py --arms ppo --warm-start runs/bench-credit --out runs/bench-ppo
+
+`--warm-start` reuses an earlier run's warm starts (its SFT adapters and their held-out scores),
+so an arm can be re-run alone from the same starting point.
 
 The agent is the demo's ordinary LangChain agent (`create_agent` + `ForgeMiddleware`) with three
 tools (multiply, lookup, add) on the embedded SmolLM2-135M. The multi-step kinds:
@@ -86,24 +90,29 @@ def run_seed(seed: int, args) -> dict:
                            max_model_calls=args.max_model_calls)
         return rates(held_multi, passed)
 
-    # the shared warm start
-    rng = random.Random(seed)
-    demos_tasks = []
-    for kind in ALL_KINDS:
-        n = args.demos_per_multi if kind in MULTI else args.demos_per_single
-        demos_tasks += rng.sample([t for t in train if t.kind == kind], n)
-    expert = build_agent(ScriptedPolicy(expert_reply, policy.tokenizer), 0.0, args.max_tokens, with_add=True)
-    run_tasks(expert, demos_tasks, fb.Recorder(store, "demonstrations"), greedy=True,
-              concurrency=args.concurrency, desc="demonstrations", progress=not args.quiet,
-              max_model_calls=args.max_model_calls)
-    demos = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
-    warm = fb.GRPOTrainer(policy, fb.GRPOConfig(run_name="sft", out_dir=str(out / "sft"), seed=seed,
-                                                 progress=not args.quiet), recorder=fb.Recorder(store))
-    sft = supervised_finetune(warm, demos, SFTConfig(epochs=args.sft_epochs, lr=args.sft_lr, batch_size=8))
-    sft_path = save_adapter(warm.model, out / "sft-adapter")
-    warm.close()
-    del warm
-    result["sft"] = {"loss": [sft["sft_loss_first"], sft["sft_loss_last"]], "held_out": evaluate("eval-sft")}
+    earlier = Path(args.warm_start) / f"seed{seed}" if args.warm_start else None
+    if earlier is not None:  # an earlier run's warm start, as it was
+        sft_path = earlier / "sft-adapter"
+        before = json.loads((Path(args.warm_start) / "credit.json").read_text())["results"]
+        result["sft"] = next(r["sft"] for r in before if r["seed"] == seed)
+    else:  # the shared warm start
+        rng = random.Random(seed)
+        demos_tasks = []
+        for kind in ALL_KINDS:
+            n = args.demos_per_multi if kind in MULTI else args.demos_per_single
+            demos_tasks += rng.sample([t for t in train if t.kind == kind], n)
+        expert = build_agent(ScriptedPolicy(expert_reply, policy.tokenizer), 0.0, args.max_tokens, with_add=True)
+        run_tasks(expert, demos_tasks, fb.Recorder(store, "demonstrations"), greedy=True,
+                  concurrency=args.concurrency, desc="demonstrations", progress=not args.quiet,
+                  max_model_calls=args.max_model_calls)
+        demos = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
+        warm = fb.GRPOTrainer(policy, fb.GRPOConfig(run_name="sft", out_dir=str(out / "sft"), seed=seed,
+                                                     progress=not args.quiet), recorder=fb.Recorder(store))
+        sft = supervised_finetune(warm, demos, SFTConfig(epochs=args.sft_epochs, lr=args.sft_lr, batch_size=8))
+        sft_path = save_adapter(warm.model, out / "sft-adapter")
+        warm.close()
+        del warm
+        result["sft"] = {"loss": [sft["sft_loss_first"], sft["sft_loss_last"]], "held_out": evaluate("eval-sft")}
     print(f"seed {seed}: SFT held-out {result['sft']['held_out']}", flush=True)
 
     by_kind = {kind: [t for t in train if t.kind == kind] for kind in MULTI}
@@ -115,7 +124,7 @@ def run_seed(seed: int, args) -> dict:
     def rollout(task) -> float:
         return 1.0 if attempt(agent, task, args.max_model_calls) else 0.0
 
-    for arm in ARMS:
+    for arm in args.arms:
         t0 = time.perf_counter()
         config = arm_config(arm, args, out, seed)
         trainer = (fb.PPOTrainer if arm == "ppo" else fb.GRPOTrainer)(policy, config, recorder=fb.Recorder(store))
@@ -171,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    p.add_argument("--warm-start", help="an earlier run's --out: reuse its warm starts instead of training them")
     p.add_argument("--iterations", type=int, default=4, help="RL iterations per arm")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--tasks-per-kind", type=int, default=2, help="tasks of each multi-step kind per iteration")
