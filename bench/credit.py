@@ -176,6 +176,26 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+WARM_START_SETTINGS = ("model", "train_per_kind", "eval_per_kind", "demos_per_single", "demos_per_multi",
+                       "sft_epochs", "sft_lr", "max_tokens", "max_model_calls")
+"""What an earlier run's warm starts were made with; a run that reuses them must match."""
+
+
+def check_warm_start(p: argparse.ArgumentParser, args) -> None:
+    record = Path(args.warm_start) / "credit.json"
+    if not record.is_file():
+        p.error(f"--warm-start {args.warm_start}: no credit.json there (an earlier run's --out)")
+    earlier = json.loads(record.read_text())
+    differ = [k for k in WARM_START_SETTINGS if earlier["args"].get(k) != getattr(args, k)]
+    if differ:
+        p.error(f"--warm-start {args.warm_start} was made with other settings: "
+                + ", ".join(f"{k}={earlier['args'].get(k)!r} (here {getattr(args, k)!r})" for k in differ))
+    missing = [s for s in args.seeds if s not in {r["seed"] for r in earlier["results"]}
+               or not (Path(args.warm_start) / f"seed{s}" / "sft-adapter").is_dir()]
+    if missing:
+        p.error(f"--warm-start {args.warm_start} has no warm start for seeds {missing}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -202,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if Path(args.out).exists() and any(Path(args.out).iterdir()):
         p.error(f"--out {args.out} holds an earlier run: move it away or name another folder")
+    if args.warm_start:
+        check_warm_start(p, args)
     results = []
     for seed in args.seeds:
         results.append(run_seed(seed, args))

@@ -7,9 +7,11 @@ Per seed: an ordinary LangChain `create_agent` agent, built per function with th
 its one tool, on the embedded SmolLM2-135M through `ForgeMiddleware`; `--demos` demonstrations
 (the exact call, then a short answer) through the same agent; an SFT warm start on them; greedy
 evaluation on the held-out functions (never seen in training: the suite is split by function);
-then GRPO with the exact checker as the pass/fail reward on training functions, and the same
-held-out evaluation again. The score of an episode is whether its first model call was exactly
-the right call (one call, the right name, exactly the requested arguments).
+then GRPO on training functions, and the same held-out evaluation again. The evaluation scores
+whether an episode's first model call was exactly the right call (one call, the right name,
+exactly the requested arguments). The RL reward is that exact check, pass/fail
+(`--reward exact`), or partial credit (`--reward partial`: the share of argument names, over
+those expected or given, that the call got exactly right; 1 only for the exact call).
 
 Settings are chosen on the validation functions (`--split validation`); the held-out split is
 reported once (`--split held_out`, the default). Not covered: distractor tools (each agent has

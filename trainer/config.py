@@ -166,9 +166,10 @@ class PPOConfig(TrainerConfig):
     lam: float = 0.95
     """GAE lambda."""
     value_coef: float = 0.5
-    """Weight of the value loss (it trains only the head, whose gradient is clipped on its own)."""
+    """Weight of the value loss; it trains only the head, whose gradient is clipped on its own, so
+    under Adam this weight changes little."""
     value_lr: float = 0.05
-    """Learning rate of the value head (from zero); one step moves a value by at most ~2x this."""
+    """Learning rate of the value head (from zero); Adam's first step moves a value by ~2x this."""
     normalize_advantages: bool = False
     """Whiten advantages over each iteration's batch (off by default: when most rollouts agree,
     whitening blows value-estimate noise up to unit-size advantages and the policy drifts)."""

@@ -79,7 +79,10 @@ class Trainer:
         self.bf16 = bf16_supported(self.device) if config.bf16 is None else config.bf16
         self.extra_modules = {name: module.to(self.device) for name, module in
                               self._extra_modules(base.config.hidden_size).items()}
-        self.optimizers = {slot: torch.optim.AdamW(self._param_groups(slot)) for slot in self.slots}
+        groups = {slot: self._param_groups(slot) for slot in self.slots}
+        self.group_names = {slot: [g.pop("name", str(n)) for n, g in enumerate(gs)] for slot, gs in groups.items()}
+        """Each optimizer's parameter groups by name ('0': the LoRA), for their gradient norms."""
+        self.optimizers = {slot: torch.optim.AdamW(groups[slot]) for slot in self.slots}
         """One optimizer per LoRA: a role's updates never move another role's adapter or state."""
         self.base_lrs = {slot: [g["lr"] for g in opt.param_groups] for slot, opt in self.optimizers.items()}
         self._slot = DEFAULT_SLOT
@@ -317,9 +320,9 @@ class Trainer:
                 stats[k] = stats.get(k, 0.0) + weight * v
         # each parameter group clipped on its own: a young value head's large gradient must not
         # shrink the LoRA's step (the first group is the LoRA; its norm is `grad_norm`)
-        for n, group in enumerate(self.optimizer.param_groups):
+        for n, (group, name) in enumerate(zip(self.optimizer.param_groups, self.group_names[self._slot])):
             norm = float(torch.nn.utils.clip_grad_norm_(group["params"], self.config.grad_clip))
-            stats["grad_norm" if n == 0 else f"grad_norm_{group.get('name', n)}"] = norm
+            stats["grad_norm" if n == 0 else f"grad_norm_{name}"] = norm
         stats["lr"] = self._warm_up()
         self.optimizer.step()
         return stats
@@ -415,7 +418,15 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         return checkpoint.save(self.out / "checkpoints", self.iteration, self.model, self.optimizers,
                                self.extra_modules, {"config": self.config.to_dict(),
-                                                    "trainer_rng": list(self.rng.getstate()[1])})
+                                                    "trainer_rng": list(self.rng.getstate()[1]),
+                                                    **self._checkpoint_state()})
+
+    def _checkpoint_state(self) -> dict:
+        """What a subclass records in its checkpoints to check on resume (`_check_resumable`)."""
+        return {}
+
+    def _check_resumable(self, state: dict, path: Path) -> None:
+        """Raise `InvalidState` when a checkpoint cannot continue this run as it is."""
 
     def resume(self) -> int:
         """Continue the run in the folder from its last checkpoint (none: from the start). The
@@ -426,6 +437,8 @@ class Trainer:
         path = checkpoint.latest(self.out / "checkpoints")
         state = None if path is None else checkpoint.load(path, self.model, self.optimizers,
                                                           self.extra_modules)
+        if state is not None:
+            self._check_resumable(state, path)
         done = 0 if state is None else state["iteration"]
         interrupted = [t.id for t in self.recorder.store.iter(run_id=self.run_id)
                        if t.excluded is None and t.metadata.get("iteration", 0) > done]

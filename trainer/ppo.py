@@ -17,6 +17,7 @@ from typing import Sequence
 
 import torch
 
+from forge_bridge.core.errors import InvalidState
 from forge_bridge.core.types import Trajectory
 from forge_bridge.trainer.advantages import gae, step_rewards
 from forge_bridge.trainer.batch import build_samples
@@ -24,15 +25,18 @@ from forge_bridge.trainer.config import PPOConfig
 from forge_bridge.trainer.loop import Trainer
 from forge_bridge.trainer.losses import value_loss
 
+VALUE_INPUT = "hidden state, detached, at unit L1 norm"
+"""What the value head reads; recorded in checkpoints, whose heads only fit this input."""
+
 
 def read_values(head: torch.nn.Module, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """hidden [B, T, H], positions [B, S] -> values [B, S].
 
     The head reads each state's hidden vector detached and scaled to unit L1 norm. Detached: the
     value loss trains the head, not the LoRA (through the shared trunk, a young head's loss
-    outweighed the policy's gradient 52 to 8 and the policy collapsed). Unit L1 norm: Adam moves
-    every weight by about its learning rate, so one step moves a value by at most about
-    2 x `value_lr` (weights and bias) whatever the model's width; on the raw hidden states of
+    outweighed the policy's gradient 52 to 8 and the policy collapsed). Unit L1 norm: Adam's
+    first step moves every weight by its learning rate (later ones by at most about that), so a
+    step moves a value by about 2 x `value_lr` at most (weights and bias) whatever the model's width; on the raw hidden states of
     SmolLM2-135M (L1 norm ~700) one step at 5e-3 took the values from 0 to 3.4 for rewards in [0, 1]."""
     picked = hidden.detach().gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1])).float()  # [B, S, H]
     picked = picked / picked.abs().sum(-1, keepdim=True).clamp_min(1e-6)
@@ -76,6 +80,15 @@ class PPOTrainer(Trainer):
     def _param_groups(self, slot: str) -> list[dict]:
         return super()._param_groups(slot) + [{"params": list(self.extra_modules["value_head"].parameters()),
                                            "lr": self.config.value_lr, "name": "value_head"}]
+
+    def _checkpoint_state(self) -> dict:
+        return {"value_head_input": VALUE_INPUT}
+
+    def _check_resumable(self, state: dict, path) -> None:
+        if state.get("value_head_input") != VALUE_INPUT:
+            raise InvalidState(f"checkpoint {path} holds a value head trained on another input "
+                               f"({state.get('value_head_input') or 'the raw hidden state'}; this version reads the "
+                               f"{VALUE_INPUT}): its values would be wrong. Start a new run (another out_dir).")
 
     def _step_values(self, trajs) -> dict[tuple[str, int], float]:
         """V(s_t) of every step, keyed (trajectory id, t)."""

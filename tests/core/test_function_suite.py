@@ -77,6 +77,9 @@ def test_partial_credit_counts_each_argument_once_and_is_full_only_when_exact():
     assert score_call(task, call(task.expected) * 2) == 0.0
     assert score_call(task, [ToolCall("c1", "book_flight", "[1, 2]")]) == 0.0  # not an object
     assert score_call(task, [ToolCall("c1", "book_flight", "{not json")]) == 0.0
+    bare = FunctionTask("ping-0", {"type": "function", "function": {"name": "ping", "parameters": {
+        "type": "object", "properties": {}}}}, "Ping.", {})
+    assert score_call(bare, [ToolCall("c1", "ping", "{}")]) == 1.0 and check_call(bare, [ToolCall("c1", "ping", "{}")])
     for near in ({"city": "Oslo", "seats": 2}, {**task.expected, "note": "x"}):
         assert 0 < score_call(task, call(near)) < 1 and not check_call(task, call(near))
 

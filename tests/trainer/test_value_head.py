@@ -42,5 +42,27 @@ def test_one_adam_step_moves_a_value_by_twice_the_rate_whatever_the_width_and_sc
         optimizer.step()
         moved = float(read_values(head, hidden, positions) - before)
         assert moved == pytest.approx(2 * 0.05, rel=1e-4)
-        # the raw hidden state would have moved it by lr * (1 + |h|_1): 1.6 to 1,400 here
-        assert 0.05 * (1 + float(hidden[0, 2].abs().sum())) > 1.5
+
+
+def test_a_checkpoint_whose_head_read_another_input_is_refused_on_resume(tmp_path):
+    import json
+
+    import forge_bridge as fb
+    from forge_bridge.core.errors import InvalidState
+    from forge_bridge.policies import models
+
+    policy = fb.LocalPolicy(str(models.save(*models.tiny(), tmp_path / "tiny")))
+    try:
+        config = fb.PPOConfig(out_dir=str(tmp_path / "run"), progress=False)
+        trainer = fb.PPOTrainer(policy, config)
+        assert trainer.group_names["default"] == ["0", "value_head"]
+        trainer.iteration = 1
+        path = trainer.save_checkpoint()
+        fb.PPOTrainer(policy, config).resume()  # its own checkpoint: fine
+        state = json.loads((path / "state.json").read_text())
+        del state["value_head_input"]  # as saved before the head read unit-L1 inputs
+        (path / "state.json").write_text(json.dumps(state))
+        with pytest.raises(InvalidState, match="value head trained on another input"):
+            fb.PPOTrainer(policy, config).resume()
+    finally:
+        policy.close()

@@ -173,6 +173,8 @@ def score_call(task: FunctionTask, tool_calls: Sequence[Any]) -> float:
     if not isinstance(args, dict):
         return 0.0
     names = set(args) | set(task.expected)
+    if not names:  # no arguments expected and none given: the exact call
+        return 1.0
     right = sum(1 for k in names if k in args and k in task.expected and _same(args[k], task.expected[k]))
     return right / len(names)
 
