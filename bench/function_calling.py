@@ -2,6 +2,7 @@
 generated function-calling suite (`forge_bridge.app.tasks.functions`), held-out functions only.
 
     .venv/bin/python bench/function_calling.py [--seeds 0 1 2] [--iterations 6] [--out runs/bench-fc]
+    .venv/bin/python bench/function_calling.py --breakdown runs/bench-fc     # what the calls got wrong
 
 Per seed: an ordinary LangChain `create_agent` agent, built per function with that function as
 its one tool, on the embedded SmolLM2-135M through `ForgeMiddleware`; `--demos` demonstrations
@@ -11,7 +12,8 @@ then GRPO on training functions, and the same held-out evaluation again. The eva
 whether an episode's first model call was exactly the right call (one call, the right name,
 exactly the requested arguments). The RL reward is that exact check, pass/fail
 (`--reward exact`), or partial credit (`--reward partial`: the share of argument names, over
-those expected or given, that the call got exactly right; 1 only for the exact call).
+those expected or given, that the call got exactly right; 1 only for the exact call), the
+default: it had the larger gain on the validation functions (docs/function-calling.md).
 
 Settings are chosen on the validation functions (`--split validation`); the held-out split is
 reported once (`--split held_out`, the default). Not covered: distractor tools (each agent has
@@ -81,6 +83,42 @@ def evaluate(policy, tasks, store, run_id: str, max_tokens: int, concurrency: in
     return sum(scores) / len(scores)
 
 
+def errors(store, run_id: str, tasks) -> dict[str, int]:
+    """How many of an evaluation's first calls passed, and what the others got wrong (`call_error`)."""
+    from forge_bridge.app.tasks.functions import CALL_ERRORS, call_error
+
+    by_id = {t.id: t for t in tasks}
+    counts = dict.fromkeys(CALL_ERRORS, 0)
+    for traj in store.trajectories(run_id=run_id):
+        first = traj.transitions[0].action.tool_calls if traj.transitions else []
+        counts[call_error(by_id[traj.task_id], first)] += 1
+    return counts
+
+
+def print_errors(results: list[dict]) -> None:
+    from forge_bridge.app.tasks.functions import CALL_ERRORS
+
+    print("\n| seed, phase | " + " | ".join(CALL_ERRORS) + " |")
+    print("| --- |" + " --- |" * len(CALL_ERRORS))
+    for r in results:
+        for phase in ("SFT", "SFT+RL"):
+            print(f"| {r['seed']}, {phase} | " + " | ".join(str(r["errors"][phase][e]) for e in CALL_ERRORS) + " |")
+
+
+def breakdown_of(run: Path, functions: int) -> list[dict]:
+    """The error breakdown of an earlier run's evaluations, read back from its stores."""
+    from forge_bridge.app.tasks.functions import generate_suite
+    from forge_bridge.core.store import TrajectoryStore
+
+    tasks = generate_suite(functions, seed=0)
+    results = []
+    for r in json.loads((run / "fc.json").read_text())["results"]:
+        with TrajectoryStore(run / f"seed{r['seed']}" / "trajectories.db") as store:
+            results.append({"seed": r["seed"], "errors": {
+                "SFT": errors(store, "eval-sft", tasks), "SFT+RL": errors(store, "eval-rl", tasks)}})
+    return results
+
+
 def run_seed(seed: int, args) -> dict:
     import torch
 
@@ -122,6 +160,7 @@ def run_seed(seed: int, args) -> dict:
     sft = supervised_finetune(trainer, demos, SFTConfig(epochs=args.sft_epochs, lr=args.sft_lr, batch_size=8))
     result["sft_loss"] = [sft["sft_loss_first"], sft["sft_loss_last"]]
     result["SFT"] = evaluate(policy, report, store, "eval-sft", args.max_tokens, args.concurrency)
+    result["errors"] = {"SFT": errors(store, "eval-sft", report)}
     print(f"seed {seed}: SFT {result['SFT']:.2f} on {len(report)} {args.split} requests", flush=True)
 
     def rollout(task) -> float:
@@ -137,6 +176,7 @@ def run_seed(seed: int, args) -> dict:
         statistics.mean([float(t.reward == 1.0) for t in rolled if t.metadata.get("iteration") == h["iteration"]] or [0.0])
         for h in history]
     result["SFT+RL"] = evaluate(policy, report, store, "eval-rl", args.max_tokens, args.concurrency)
+    result["errors"]["SFT+RL"] = errors(store, "eval-rl", report)
     result["wall_s"] = time.perf_counter() - t0
     print(f"seed {seed}: SFT+RL {result['SFT+RL']:.2f}; training reward per iteration "
           f"{[round(r, 2) for r in result['training_reward']]}, exact {[round(r, 2) for r in result['training_exact']]} "
@@ -160,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks-per-iteration", type=int, default=6)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--reward", choices=("exact", "partial"), default="exact",
+    p.add_argument("--reward", choices=("exact", "partial"), default="partial",
                    help="RL reward: the exact check (pass/fail) or the share of arguments right")
     p.add_argument("--baseline", choices=("group", "batch"), default="group")
     p.add_argument("--temperature", type=float, default=0.7)
@@ -169,7 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--out", default="runs/bench-fc")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--breakdown", metavar="RUN", help="print what an earlier run's (--out RUN) held-out "
+                   "calls got wrong, and stop")
     args = p.parse_args(argv)
+    if args.breakdown:
+        if not (Path(args.breakdown) / "fc.json").is_file():
+            p.error(f"--breakdown {args.breakdown}: no fc.json there (an earlier run's --out)")
+        print_errors(breakdown_of(Path(args.breakdown), args.functions))
+        return 0
     if Path(args.out).exists() and any(Path(args.out).iterdir()):
         p.error(f"--out {args.out} holds an earlier run: move it away or name another folder")
     results = []
@@ -184,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  SFT      {' / '.join(f'{x:.0f}' for x in sft)} %  (mean {statistics.mean(sft):.0f} ± {sd(sft):.0f})")
     print(f"  SFT+RL   {' / '.join(f'{x:.0f}' for x in rl)} %  (mean {statistics.mean(rl):.0f} ± {sd(rl):.0f})")
     print(f"  gain     {' / '.join(f'{x:+.0f}' for x in gain)} points (mean {statistics.mean(gain):+.0f})")
+    print_errors(results)
     return 0
 
 

@@ -3,7 +3,9 @@
 import json
 
 from forge_bridge.app.tasks.functions import (
+    CALL_ERRORS,
     FunctionTask,
+    call_error,
     check_call,
     expert_call,
     generate_suite,
@@ -82,6 +84,31 @@ def test_partial_credit_counts_each_argument_once_and_is_full_only_when_exact():
     assert score_call(bare, [ToolCall("c1", "ping", "{}")]) == 1.0 and check_call(bare, [ToolCall("c1", "ping", "{}")])
     for near in ({"city": "Oslo", "seats": 2}, {**task.expected, "note": "x"}):
         assert 0 < score_call(task, call(near)) < 1 and not check_call(task, call(near))
+
+
+def test_each_failed_call_is_named_by_what_it_got_wrong():
+    tool = {"type": "function", "function": {"name": "book_flight", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "seats": {"type": "integer"}, "note": {"type": "string"}}}}}
+    task = FunctionTask("book_flight-0", tool, "Book 2 seats to Oslo.", {"city": "Oslo", "seats": 2})
+
+    def call(args, name="book_flight"):
+        return [ToolCall("c1", name, json.dumps(args))]
+
+    named = {
+        "pass": call({"city": "Oslo", "seats": 2}),
+        "extra argument": call({"city": "Oslo", "seats": 2, "note": "x"}),
+        "missing argument": call({"city": "Oslo"}),
+        "other key set": call({"city": "Oslo", "note": "x"}),
+        "wrong value": call({"city": "Oslo", "seats": 2.0}),  # the type counts
+        "malformed": call({"city": "Oslo", "seats": 2}) * 2,
+    }
+    assert tuple(named) == CALL_ERRORS
+    for error, calls in named.items():
+        assert call_error(task, calls) == error, error
+        assert (error == "pass") == check_call(task, calls)
+    assert call_error(task, call(task.expected, name="book_hotel")) == "malformed"
+    assert call_error(task, [ToolCall("c1", "book_flight", "{not json")]) == "malformed"
+    assert call_error(task, []) == "malformed"
 
 
 def test_the_expert_call_parses_and_passes():

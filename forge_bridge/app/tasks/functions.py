@@ -179,6 +179,26 @@ def score_call(task: FunctionTask, tool_calls: Sequence[Any]) -> float:
     return right / len(names)
 
 
+CALL_ERRORS = ("pass", "extra argument", "missing argument", "other key set", "wrong value", "malformed")
+"""What `call_error` names, in the order reports print them."""
+
+
+def call_error(task: FunctionTask, tool_calls: Sequence[Any]) -> str:
+    """Why a call fails `check_call` (one of `CALL_ERRORS`): 'malformed' unless there is exactly one
+    call of the task's function with a JSON object of arguments; then 'extra argument' or
+    'missing argument' when the argument names are a strict superset or subset of those expected,
+    'other key set' when both, 'wrong value' when the names are right; 'pass' when it passes."""
+    args = _arguments_of_the_one_call(task, tool_calls)
+    if not isinstance(args, dict):
+        return "malformed"
+    extra, missing = set(args) - set(task.expected), set(task.expected) - set(args)
+    if extra and missing:
+        return "other key set"
+    if extra or missing:
+        return "extra argument" if extra else "missing argument"
+    return "pass" if _same(args, task.expected) else "wrong value"
+
+
 def _arguments_of_the_one_call(task: FunctionTask, tool_calls: Sequence[Any]) -> Any:
     """The parsed arguments when there is exactly one call and it names the task's function; else None."""
     if len(tool_calls) != 1:
@@ -214,4 +234,5 @@ def expert_call(task: FunctionTask) -> str:
             + "\n</tool_call>")
 
 
-__all__ = ["FunctionTask", "check_call", "expert_call", "generate_suite", "score_call", "split_by_function"]
+__all__ = ["CALL_ERRORS", "FunctionTask", "call_error", "check_call", "expert_call", "generate_suite", "score_call",
+           "split_by_function"]
