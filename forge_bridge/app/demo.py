@@ -53,8 +53,9 @@ class DemoConfig:
     """Training tasks of each kind."""
     eval_per_kind: int = 10
     """Validation tasks, and held-out tasks, of each kind."""
-    sft_epochs: int = 1
-    """Passes over the demonstrations (a short warm start: it teaches the tool-call format)."""
+    sft_epochs: int = 3
+    """Passes over the demonstrations (chosen on the validation split among 1, 2 and 3 epochs:
+    docs/demo-experiments.md)."""
     sft_lr: float = 1e-3
     """SFT learning rate."""
     rl_iterations: int = 8
