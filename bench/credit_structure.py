@@ -8,8 +8,9 @@ and computes, on the same groups, the advantages both GRPO arms give each step
 (`grpo_advantages` with the bench's settings: credit="anchor", gamma=0.95, and
 credit="trajectory", gamma=1). Reported per seed: the steps that have a sibling (another step
 taken from the same state), the steps whose step-level term is non-zero (their state's members
-acted differently and got different returns), and the steps that the two arms push in opposite
-directions (advantages of opposite sign) or that only one of them pushes at all.
+acted differently and got different returns), the steps both arms push (a non-zero advantage
+from each; a uniform group gives neither a push), and of those the ones pushed in opposite
+directions, and the steps that only one of them pushes at all.
 
 What it does not cover: the two arms' rollouts differ after their first update, so this scores
 both credits on one arm's rollouts; it says what the anchor term changes, not what it would
@@ -37,12 +38,13 @@ def structure(store_path: Path, arm: str) -> dict:
         groups = store.groups(run_id=run_ids[0])
     anchor = grpo_advantages(groups, fb.GRPOConfig(credit="anchor", gamma=0.95))
     trajectory = grpo_advantages(groups, fb.GRPOConfig(credit="trajectory", gamma=1.0))
-    steps = opposite = only_one = 0
+    steps = both = opposite = only_one = 0
     for advs_a, advs_t in zip(anchor, trajectory):
         for a, t in zip(advs_a, advs_t):
             for x, y in zip(a.tolist(), t.tolist()):
                 steps += 1
                 pushed_a, pushed_t = abs(x) > 1e-6, abs(y) > 1e-6
+                both += pushed_a and pushed_t
                 opposite += pushed_a and pushed_t and x * y < 0
                 only_one += pushed_a != pushed_t
     sibling = nonzero = 0
@@ -55,7 +57,7 @@ def structure(store_path: Path, arm: str) -> dict:
         sibling += sum(int(h.sum()) for h in has)
         nonzero += sum(int((s.abs() > 1e-6).sum()) for s in step)
     return {"groups": len(groups), "steps": steps, "with_sibling": sibling, "step_term_nonzero": nonzero,
-            "opposite_sign": opposite, "pushed_by_one_arm_only": only_one}
+            "pushed_by_both": both, "opposite_sign": opposite, "pushed_by_one_arm_only": only_one}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,14 +70,17 @@ def main(argv: list[str] | None = None) -> int:
     if not stores:
         p.error(f"{args.run}: no seed*/trajectories.db (an earlier bench/credit.py --out folder)")
     rows = {}
-    print("| seed | groups | steps | with a sibling | step term non-zero | opposite sign to trajectory credit | pushed by one arm only |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| seed | groups | steps | with a sibling | step term non-zero | pushed by both arms | of those, opposite "
+          "sign | pushed by one arm only |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for store in stores:
         r = structure(store, args.arm)
         rows[store.parent.name] = r
         pct = lambda k: f"{r[k]} ({r[k] / max(r['steps'], 1):.0%})"  # noqa: E731
         print(f"| {store.parent.name.removeprefix('seed')} | {r['groups']} | {r['steps']} | {pct('with_sibling')} | "
-              f"{pct('step_term_nonzero')} | {pct('opposite_sign')} | {pct('pushed_by_one_arm_only')} |")
+              f"{pct('step_term_nonzero')} | {pct('pushed_by_both')} | "
+              f"{r['opposite_sign']} ({r['opposite_sign'] / max(r['pushed_by_both'], 1):.0%}) | "
+              f"{pct('pushed_by_one_arm_only')} |")
     (Path(args.run) / f"credit_structure_{args.arm}.json").write_text(json.dumps(rows, indent=1))
     return 0
 

@@ -105,15 +105,20 @@ def print_errors(results: list[dict]) -> None:
             print(f"| {r['seed']}, {phase} | " + " | ".join(str(r["errors"][phase][e]) for e in CALL_ERRORS) + " |")
 
 
-def breakdown_of(run: Path, functions: int) -> list[dict]:
-    """The error breakdown of an earlier run's evaluations, read back from its stores."""
+def breakdown_of(run: Path) -> list[dict]:
+    """The error breakdown of an earlier run's evaluations, read back from its stores (its suite
+    rebuilt with its own `--functions`)."""
     from forge_bridge.app.tasks.functions import generate_suite
     from forge_bridge.core.store import TrajectoryStore
 
-    tasks = generate_suite(functions, seed=0)
+    recorded = json.loads((run / "fc.json").read_text())
+    tasks = generate_suite(recorded["args"]["functions"], seed=0)
     results = []
-    for r in json.loads((run / "fc.json").read_text())["results"]:
-        with TrajectoryStore(run / f"seed{r['seed']}" / "trajectories.db") as store:
+    for r in recorded["results"]:
+        db = run / f"seed{r['seed']}" / "trajectories.db"
+        if not db.is_file():
+            sys.exit(f"--breakdown {run}: {db} is missing")
+        with TrajectoryStore(db) as store:
             results.append({"seed": r["seed"], "errors": {
                 "SFT": errors(store, "eval-sft", tasks), "SFT+RL": errors(store, "eval-rl", tasks)}})
     return results
@@ -209,13 +214,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--out", default="runs/bench-fc")
     p.add_argument("--quiet", action="store_true")
-    p.add_argument("--breakdown", metavar="RUN", help="print what an earlier run's (--out RUN) held-out "
-                   "calls got wrong, and stop")
+    p.add_argument("--breakdown", metavar="RUN", help="print what an earlier run's (--out RUN) evaluated "
+                   "calls got wrong (on the split that run evaluated), and stop")
     args = p.parse_args(argv)
     if args.breakdown:
         if not (Path(args.breakdown) / "fc.json").is_file():
             p.error(f"--breakdown {args.breakdown}: no fc.json there (an earlier run's --out)")
-        print_errors(breakdown_of(Path(args.breakdown), args.functions))
+        print_errors(breakdown_of(Path(args.breakdown)))
         return 0
     if Path(args.out).exists() and any(Path(args.out).iterdir()):
         p.error(f"--out {args.out} holds an earlier run: move it away or name another folder")

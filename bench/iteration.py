@@ -2,8 +2,9 @@
 
 Both sides run `forge-bridge demo` with the same settings (the demo's own: 40 rollouts of a
 LangChain agent on the embedded SmolLM2-135M per iteration, one update with a KL to the warm
-start), each in its own process: the earlier commit from a `git worktree`, imported from there
-through a folder of links (as an install would lay it out), this checkout as installed. The
+start; the one-epoch warm start of the baseline, since a longer one makes longer rollouts),
+each in its own process: the earlier commit from a `git worktree`, imported from there through
+a folder of links (as an install would lay it out), this checkout as installed. The
 runs alternate (baseline, head, baseline, head, ...) so a change in the machine's load hits
 both. Per iteration it reads the trainer's own timings from `metrics.jsonl`: the rollouts
 (`time_rollout_s`), the update (`time_update_s`), and the rollouts' decoded tokens, and prints
@@ -50,7 +51,8 @@ def run_side(label: str, pythonpath: str | None, out: Path, iterations: int, see
     if pythonpath:  # ahead of the editable install (its finder comes after sys.path)
         env["PYTHONPATH"] = pythonpath
     code = ("import sys; from forge_bridge.app.demo import DemoConfig, run; "
-            f"run(DemoConfig(out_dir={str(out)!r}, rl_iterations={iterations}, seed={seed}), progress=False)")
+            f"run(DemoConfig(out_dir={str(out)!r}, rl_iterations={iterations}, seed={seed}, sft_epochs=1), "
+            "progress=False)")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
     if proc.returncode:
         sys.exit(f"{label}: the demo failed:\n{proc.stderr[-3000:]}")

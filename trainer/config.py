@@ -34,7 +34,7 @@ class TrainerConfig:
     concurrency: int = 8
     """Rollouts run at once (the embedded policy batches their model calls)."""
     lr: float = 1e-4
-    """AdamW learning rate for the LoRA (and value head)."""
+    """AdamW learning rate for the LoRA (the value head has its own, `value_lr`)."""
     epochs: int = 1
     """Passes over each iteration's samples."""
     minibatch_size: int = 8

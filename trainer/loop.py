@@ -435,10 +435,10 @@ class Trainer:
         if (self.out / "reference" / "adapter_model.safetensors").is_file():
             self._load_reference(self.out / "reference")
         path = checkpoint.latest(self.out / "checkpoints")
+        if path is not None:  # refused before anything is restored: a refusal changes nothing
+            self._check_resumable(json.loads((path / "state.json").read_text()), path)
         state = None if path is None else checkpoint.load(path, self.model, self.optimizers,
                                                           self.extra_modules)
-        if state is not None:
-            self._check_resumable(state, path)
         done = 0 if state is None else state["iteration"]
         interrupted = [t.id for t in self.recorder.store.iter(run_id=self.run_id)
                        if t.excluded is None and t.metadata.get("iteration", 0) > done]

@@ -171,12 +171,17 @@ def attempt(agent: Any, task: Task, max_model_calls: int) -> bool:
 
 def run_tasks(agent: Any, tasks: list[Task], recorder: Any, *, greedy: bool, concurrency: int,
               desc: str, progress: bool = True, max_model_calls: int = 4) -> list[bool]:
-    """Run each task once inside its own episode; returns pass/fail per task."""
+    """Run each task once inside its own episode; returns pass/fail per task. `recorder`: the
+    `Recorder` every episode goes to, or a list of one per task."""
     from tqdm.auto import tqdm
 
     import forge_bridge as fb
 
-    def one(task: Task) -> bool:
+    recorders = recorder if isinstance(recorder, list) else [recorder] * len(tasks)
+    if len(recorders) != len(tasks):
+        raise InvalidArgument(f"run_tasks: {len(recorders)} recorders for {len(tasks)} tasks")
+
+    def one(task: Task, recorder: Any) -> bool:
         with fb.sampling(temperature=0) if greedy else contextlib.nullcontext():
             with fb.episode(task.id, recorder=recorder, metadata={"kind": task.kind}) as ep:
                 try:
@@ -190,7 +195,7 @@ def run_tasks(agent: Any, tasks: list[Task], recorder: Any, *, greedy: bool, con
                 return passed
 
     with ThreadPoolExecutor(concurrency) as pool:
-        return list(tqdm(pool.map(one, tasks), total=len(tasks), desc=desc, leave=False,
+        return list(tqdm(pool.map(one, tasks, recorders), total=len(tasks), desc=desc, leave=False,
                          disable=not progress))
 
 
@@ -238,8 +243,10 @@ def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
 
     def evaluate(label: str, run_id: str, title: str) -> None:
         t = phase(title)
-        both = held_out + validation
-        passed = run_tasks(agent, both, fb.Recorder(store, run_id), greedy=True,
+        # validation episodes under their own run id: `eval-*` (the inspector's) stays held-out only
+        recorders = ([fb.Recorder(store, run_id)] * len(held_out)
+                     + [fb.Recorder(store, run_id.replace("eval-", "validation-"))] * len(validation))
+        passed = run_tasks(agent, held_out + validation, recorders, greedy=True,
                            concurrency=config.concurrency, desc=f"eval {label}", progress=progress,
                            max_model_calls=config.max_model_calls)
         results[label] = rates(held_out, passed[:len(held_out)])

@@ -23,7 +23,11 @@ def test_demo_pipeline_runs_end_to_end(quick_demo):
     assert list((out / "tb").iterdir())
     with TrajectoryStore(out / "trajectories.db") as store:
         assert store.count(run_id="demonstrations", status="complete") == 12
-        assert store.count(run_id="eval-base") == store.count(run_id="eval-rl") == 6 + 6  # held-out + validation
+        # held-out under eval-*, where the inspector reads held-out scores; validation apart
+        assert store.count(run_id="eval-base") == store.count(run_id="eval-rl") == 6
+        assert store.count(run_id="validation-base") == store.count(run_id="validation-rl") == 6
+        held_out = {t.task_id for t in store.trajectories(run_id="eval-rl")}
+        assert held_out.isdisjoint(t.task_id for t in store.trajectories(run_id="validation-rl"))
         run_id = json.loads((out / "run.json").read_text())["run_id"]
         assert run_id.startswith("demo-")
         rl = store.trajectories(run_id=run_id)

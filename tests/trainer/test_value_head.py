@@ -46,6 +46,7 @@ def test_one_adam_step_moves_a_value_by_twice_the_rate_whatever_the_width_and_sc
 
 def test_a_checkpoint_whose_head_read_another_input_is_refused_on_resume(tmp_path):
     import json
+    import random
 
     import forge_bridge as fb
     from forge_bridge.core.errors import InvalidState
@@ -62,7 +63,11 @@ def test_a_checkpoint_whose_head_read_another_input_is_refused_on_resume(tmp_pat
         state = json.loads((path / "state.json").read_text())
         del state["value_head_input"]  # as saved before the head read unit-L1 inputs
         (path / "state.json").write_text(json.dumps(state))
+        random.random()  # away from the random state the checkpoint holds
+        before = random.getstate()
+        refused = fb.PPOTrainer(policy, config)
         with pytest.raises(InvalidState, match="value head trained on another input"):
-            fb.PPOTrainer(policy, config).resume()
+            refused.resume()
+        assert random.getstate() == before and refused.iteration == 0  # refused before restoring
     finally:
         policy.close()

@@ -99,7 +99,8 @@ def make_splits(train_per_kind: int = 24, eval_per_kind: int = 10, seed: int = 0
                 kinds: tuple[str, ...] = KINDS) -> tuple[list[Task], list[Task]]:
     """(train, evaluation) task lists; evaluation cities never appear in training questions. The
     demo chose its settings on this evaluation split, so it calls it validation and reports
-    `held_out_tasks`; the benches that tuned nothing on it report it as their held-out split."""
+    `held_out_tasks`; the benches report it as their held-out split (docs/credit.md says which
+    choice of `bench/credit.py` followed a first run on it)."""
     rng = random.Random(seed)
     names = sorted(SPLIT_CITIES)
     rng.shuffle(names)
