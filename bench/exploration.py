@@ -8,9 +8,14 @@ scripted expert's `multiply` and `lookup` demonstrations (the demo's agent, mode
 settings), then the demo's LangChain agent sampled on every training `lookup_multiply` task at
 several temperatures, with each rollout's seed fixed. It prints the success rate and what the
 rollouts did (the sequence of tool calls), and the greedy success of the single-tool kinds on
-the held-out tasks (what the warm start did learn).
+the validation tasks (what the warm start did learn).
 
-    .venv/bin/python bench/exploration.py [--sft-epochs 1 2] [--seed 0] [--samples 4]
+    .venv/bin/python bench/exploration.py [--sft-epochs 1 2] [--seed 0] [--samples 4] [--bridge KIND ...]
+
+`--bridge KIND ...` adds 24 demonstrations of each named two-call kind of `BRIDGE_KINDS`, never
+of `lookup_multiply` itself: `multiply_chain` (a multiply on the previous multiply's result) and
+`lookup_max` (two lookups) use one tool each; `lookup_and_multiply` (a lookup, then a multiply
+whose arguments come from the question) uses both. docs/demo-experiments.md has the results.
 
 What it does not cover: other models (a larger one may compose the two calls on its own), other
 prompts or tool descriptions, and any exploration bonus.
@@ -31,6 +36,8 @@ def main() -> None:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0, 1.3])
     ap.add_argument("--samples", type=int, default=4, help="rollouts per task and temperature")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bridge", nargs="*", default=[], help="also demonstrate these single-tool two-call kinds "
+                    "(multiply_chain, lookup_max)")
     ap.add_argument("--out", default="runs/bench-exploration")
     args = ap.parse_args()
 
@@ -38,7 +45,7 @@ def main() -> None:
 
     import forge_bridge as fb
     from forge_bridge.app.demo import attempt, build_agent
-    from forge_bridge.app.tasks import expert_reply, make_splits
+    from forge_bridge.app.tasks import bridge_tasks, expert_reply, make_splits
     from forge_bridge.core.episode import derive_seed
     from forge_bridge.core.store import TrajectoryStore
     from forge_bridge.policies.scripted import ScriptedPolicy
@@ -46,10 +53,11 @@ def main() -> None:
 
     train, held_out = make_splits(24, 10, args.seed)
     single = [t for t in train if t.kind in ("multiply", "lookup")]
+    single += [t for kind in args.bridge for t in bridge_tasks(kind, 24, args.seed)]
     two_step = [t for t in train if t.kind == "lookup_multiply"]
     for epochs in args.sft_epochs:
         torch.manual_seed(args.seed)
-        out = Path(args.out) / f"sft{epochs}-seed{args.seed}"
+        out = Path(args.out) / f"sft{epochs}-seed{args.seed}{''.join('-' + k for k in args.bridge)}"
         shutil.rmtree(out, ignore_errors=True)
         store = TrajectoryStore(out / "trajectories.db")
         policy = fb.LocalPolicy("smollm2-135m-instruct", max_batch=20)
@@ -77,12 +85,12 @@ def main() -> None:
                                                        microbatch_size=8), recorder=fb.Recorder(store))
         recorded = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
         sft = supervised_finetune(trainer, recorded, SFTConfig(epochs=epochs, lr=1e-3, batch_size=8))
-        print(f"\nSFT {epochs} epoch(s) on {len(recorded)} single-tool demonstrations: loss "
+        print(f"\nSFT {epochs} epoch(s) on {len(recorded)} demonstrations of {sorted({t.task_id.rsplit('-', 1)[0] for t in recorded})}: loss "
               f"{sft['sft_loss_first']:.3f} -> {sft['sft_loss_last']:.3f}")
         recorder = fb.Recorder(store, "single")
         with ThreadPoolExecutor(20) as pool:
             ok = list(pool.map(lambda t: run(agent, t, recorder, 0.0), [t for t in held_out if t.kind != "lookup_multiply"]))
-        print(f"  single-tool kinds, held-out, greedy: {sum(ok)}/{len(ok)}")
+        print(f"  single-tool kinds, validation, greedy: {sum(ok)}/{len(ok)}")
         for temperature in [0.0] + args.temperatures:
             run_id = f"T{temperature}"
             recorder = fb.Recorder(store, run_id)

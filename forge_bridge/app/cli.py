@@ -10,7 +10,8 @@ from pathlib import Path
 from forge_bridge.app.config_flags import add_config_flags, config_kwargs
 from forge_bridge.core.errors import InvalidArgument
 
-DEMO_FLAGS = ("model", "out_dir", "seed", "rl_iterations", "sft_epochs")
+DEMO_FLAGS = ("model", "out_dir", "seed", "rl_iterations", "sft_epochs", "demonstrate",
+              "multi_step_demos")
 """DemoConfig fields the `demo` command takes as flags."""
 TRAIN_FLAGS = ("group_size", "tasks_per_iteration", "concurrency", "gamma", "lr", "epochs",
                "minibatch_size", "kl_beta", "lora_rank", "device", "gradient_checkpointing",

@@ -51,7 +51,10 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, names: Sequence
         flags = [f"--{name.replace('_', '-')}"] + ([aliases[name]] if aliases and name in aliases else [])
         help_text = f"{docs.get(name, '')} (default: {field.default})".replace("%", "%%")
         kind = _value_type(field)
-        if kind is bool:
+        if kind is tuple:  # a tuple of one type: `--flag A B C`
+            parser.add_argument(*flags, dest=name, nargs="+", type=type(field.default[0]), default=argparse.SUPPRESS,
+                                metavar=name.upper(), help=help_text)
+        elif kind is bool:
             parser.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction,
                                 default=argparse.SUPPRESS, help=help_text)
         else:
@@ -61,7 +64,8 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, names: Sequence
 
 def config_kwargs(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
     """The fields the user set on the command line."""
-    return {name: getattr(args, name) for name in names if hasattr(args, name)}
+    return {name: tuple(value) if isinstance(value, list) else value
+            for name in names if hasattr(args, name) for value in [getattr(args, name)]}
 
 
 __all__ = ["add_config_flags", "config_kwargs", "field_docs"]

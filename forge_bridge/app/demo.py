@@ -27,8 +27,11 @@ from typing import Any
 
 from forge_bridge.app.tasks import (
     ALL_KINDS,
+    BRIDGE_KINDS,
     KINDS_ORDER,
+    MULTI_STEP_KINDS,
     Task,
+    bridge_tasks,
     check_answer,
     expert_reply,
     held_out_tasks,
@@ -53,6 +56,12 @@ class DemoConfig:
     """Training tasks of each kind."""
     eval_per_kind: int = 10
     """Validation tasks, and held-out tasks, of each kind."""
+    demonstrate: tuple[str, ...] = ("multiply", "lookup", "lookup_multiply")
+    """Kinds the scripted expert demonstrates for SFT: the demo's own (its training tasks) and
+    `BRIDGE_KINDS`, demonstrated only, never evaluated (`train_per_kind` tasks of each)."""
+    multi_step_demos: int | None = None
+    """Demonstrations of each multi-step kind in `demonstrate` (its first training tasks); None:
+    all `train_per_kind` of them. Fewer leaves more of that kind for RL to learn."""
     sft_epochs: int = 3
     """Passes over the demonstrations (chosen on the validation split among 1, 2 and 3 epochs:
     docs/demo-experiments.md)."""
@@ -111,6 +120,16 @@ class DemoConfig:
                 or sum(self.rl_tasks_per_kind) == 0):
             raise InvalidArgument(f"DemoConfig.rl_tasks_per_kind: expected {len(KINDS_ORDER)} counts >= 0 "
                              f"(one per kind: {', '.join(KINDS_ORDER)}), got {self.rl_tasks_per_kind!r}")
+        if (not isinstance(self.demonstrate, tuple) or not self.demonstrate
+                or len(set(self.demonstrate)) != len(self.demonstrate)
+                or any(kind not in KINDS_ORDER + BRIDGE_KINDS for kind in self.demonstrate)):
+            raise InvalidArgument(f"DemoConfig.demonstrate: expected distinct kinds from {KINDS_ORDER + BRIDGE_KINDS}, "
+                                  f"got {self.demonstrate!r}")
+        if self.multi_step_demos is not None and (
+                isinstance(self.multi_step_demos, bool) or not isinstance(self.multi_step_demos, int)
+                or not 0 <= self.multi_step_demos <= self.train_per_kind):
+            raise InvalidArgument(f"DemoConfig.multi_step_demos: expected None or an int in [0, train_per_kind="
+                                  f"{self.train_per_kind}], got {self.multi_step_demos!r}")
         if self.baseline not in ("group", "batch"):
             raise InvalidArgument(f"DemoConfig.baseline: expected 'group' or 'batch', got {self.baseline!r}")
         if self.gamma > 1:
@@ -208,6 +227,18 @@ def rates(tasks: list[Task], passed: list[bool]) -> dict[str, float]:
     return out
 
 
+def demonstration_tasks(config: DemoConfig, train: list[Task]) -> list[Task]:
+    """The tasks the scripted expert demonstrates: the training tasks of the kinds in
+    `config.demonstrate` (of a multi-step kind only the first `multi_step_demos`), then the
+    bridge kinds' own tasks."""
+    def shown(task: Task) -> bool:
+        limit = config.multi_step_demos if task.kind in MULTI_STEP_KINDS else None
+        return task.kind in config.demonstrate and (limit is None or int(task.id.rsplit("-", 1)[1]) < limit)
+
+    return [t for t in train if shown(t)] + [t for kind in config.demonstrate if kind in BRIDGE_KINDS
+                                             for t in bridge_tasks(kind, config.train_per_kind, config.seed)]
+
+
 def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
     import torch
 
@@ -256,10 +287,12 @@ def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
     evaluate("base", "eval-base", f"evaluating the base model on {len(held_out)} held-out and "
              f"{len(validation)} validation tasks (greedy)")
 
-    t = phase(f"recording {len(train)} demonstrations through the same middleware (scripted expert)")
+    shown = demonstration_tasks(config, train)
+    t = phase(f"recording {len(shown)} demonstrations of {', '.join(config.demonstrate)} through the same "
+              "middleware (scripted expert)")
     expert_agent = build_agent(ScriptedPolicy(expert_reply, policy.tokenizer), 0.0, config.max_tokens)
     demo_recorder = fb.Recorder(store, "demonstrations")
-    run_tasks(expert_agent, train, demo_recorder, greedy=True, concurrency=config.concurrency,
+    run_tasks(expert_agent, shown, demo_recorder, greedy=True, concurrency=config.concurrency,
               desc="demonstrations", progress=progress, max_model_calls=config.max_model_calls)
     # in task order, not the order concurrent agents finished in: the same seed, the same SFT
     demos = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)

@@ -180,6 +180,9 @@ def test_config_flags_come_from_the_dataclasses():
                                                 "tasks_per_iteration": 2}
     args = parser.parse_args(["demo", "--seed", "4", "--rl-iterations", "0"])
     assert config_kwargs(args, DEMO_FLAGS) == {"seed": 4, "rl_iterations": 0}
+    args = parser.parse_args(["demo", "--demonstrate", "multiply", "multiply_chain"])
+    assert config_kwargs(args, DEMO_FLAGS) == {"demonstrate": ("multiply", "multiply_chain")}
+    DemoConfig(**config_kwargs(args, DEMO_FLAGS))  # a tuple, as the dataclass wants
     docs = field_docs(TrainerConfig)
     assert docs["group_size"] == "Rollouts per task per iteration (GRPO's group)."
     assert docs["gamma"].startswith("Discount over the model calls") and "seed" in field_docs(DemoConfig)

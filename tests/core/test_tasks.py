@@ -69,3 +69,53 @@ def test_the_three_call_kind_is_solved_by_two_lookups_and_an_add(tmp_path):
                      max_model_calls=6) == [True, True]
     for traj in recorder.store.trajectories():
         assert [c.name for s in traj for c in s.action.tool_calls] == ["lookup", "lookup", "add"]
+
+
+def test_bridge_kinds_are_demonstrated_on_training_cities_and_leave_the_splits_as_they_were(tmp_path):
+    import pytest
+
+    from forge_bridge.app.tasks import BRIDGE_KINDS, bridge_tasks
+    from forge_bridge.core.errors import InvalidArgument
+
+    before = (make_splits(seed=1), held_out_tasks(seed=1))
+    tasks = [t for kind in BRIDGE_KINDS for t in bridge_tasks(kind, 3, seed=1)]
+    assert (make_splits(seed=1), held_out_tasks(seed=1)) == before
+    assert tasks == [t for kind in BRIDGE_KINDS for t in bridge_tasks(kind, 3, seed=1)]
+    train_cities = {re.search(r"population of (.+)\?", t.question).group(1) for t in before[0][0]
+                    if t.kind == "lookup"}
+    named = {c for t in tasks for c in CITIES if c in t.question}
+    assert named and named <= train_cities
+    with pytest.raises(InvalidArgument, match="lookup_multiply"):
+        bridge_tasks("lookup_multiply", 3)
+
+    agent = build_agent(ScriptedPolicy(expert_reply, models.tiny_tokenizer()), 0.0, 64)
+    recorder = fb.Recorder(TrajectoryStore(tmp_path / "t.db"), run_id="expert")
+    assert all(run_tasks(agent, tasks, recorder, greedy=True, concurrency=4, desc="x", progress=False))
+    calls = {t.task_id: [(c.name, c.arguments) for s in t for c in s.action.tool_calls]
+             for t in recorder.store.trajectories()}
+    assert len(calls) == len(tasks) == 3 * len(BRIDGE_KINDS)
+    for task in tasks:
+        names = [n for n, _ in calls[task.id]]
+        if task.kind == "multiply_chain":  # the second call takes the first's result
+            a, b, c = map(int, re.findall(r"\d+", task.question))
+            assert calls[task.id] == [("multiply", f'{{"a": {a}, "b": {b}}}'), ("multiply", f'{{"a": {a * b}, "b": {c}}}')]
+        elif task.kind == "lookup_max":
+            assert names == ["lookup", "lookup"]
+        else:  # two tools, but the lookup's result is never an argument: the product's come from the question
+            a, b = map(int, re.findall(r"\d+", task.question))
+            assert names == ["lookup", "multiply"] and calls[task.id][1][1] == f'{{"a": {a}, "b": {b}}}'
+
+
+def test_the_demo_demonstrates_the_kinds_named_and_only_the_first_multi_step_tasks():
+    from forge_bridge.app.demo import DemoConfig, demonstration_tasks
+
+    train, _ = make_splits(train_per_kind=6, eval_per_kind=2)
+    every = demonstration_tasks(DemoConfig(train_per_kind=6), train)
+    assert every == train
+    few = demonstration_tasks(DemoConfig(train_per_kind=6, multi_step_demos=2), train)
+    assert [t.id for t in few if t.kind == "lookup_multiply"] == ["lookup_multiply-0", "lookup_multiply-1"]
+    assert [t for t in few if t.kind != "lookup_multiply"] == [t for t in train if t.kind != "lookup_multiply"]
+    assert not [t for t in demonstration_tasks(DemoConfig(train_per_kind=6, multi_step_demos=0), train)
+                if t.kind == "lookup_multiply"]
+    bridged = demonstration_tasks(DemoConfig(train_per_kind=6, demonstrate=("lookup", "lookup_max")), train)
+    assert [t.kind for t in bridged] == ["lookup"] * 6 + ["lookup_max"] * 6

@@ -40,10 +40,11 @@ def test_demo_pipeline_runs_end_to_end(quick_demo):
     assert "the live agent, on demo-v3" in proc.stdout
 
 
-def test_demo_with_no_grpo_iteration_reports_sft_alone(taught_model_dir, tmp_path):
+def test_demo_with_no_grpo_iteration_reports_sft_alone_on_the_kinds_demonstrated(taught_model_dir, tmp_path):
     out = tmp_path / "sft-only"
     proc = subprocess.run([sys.executable, "-m", "forge_bridge.app.cli", "demo", "--quick", "--rl-iterations",
-                           "0", "--sft-epochs", "2", "--model", str(taught_model_dir), "--out", str(out)],
+                           "0", "--sft-epochs", "2", "--model", str(taught_model_dir), "--out", str(out),
+                           "--demonstrate", "multiply", "multiply_chain", "lookup_and_multiply"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "results.json").read_text())
@@ -51,6 +52,10 @@ def test_demo_with_no_grpo_iteration_reports_sft_alone(taught_model_dir, tmp_pat
     assert summary["config"]["sft_epochs"] == 2 and summary["adapter"] == "demo-v1"
     assert "reward curve" not in proc.stdout and not (out / "reward_curve.png").exists()
     assert "the live agent, on demo-v1" in proc.stdout
+    assert summary["config"]["demonstrate"] == ["multiply", "multiply_chain", "lookup_and_multiply"]
+    with TrajectoryStore(out / "trajectories.db") as store:  # 4 of each kind named, none of the others
+        shown = sorted(t.task_id.rsplit("-", 1)[0] for t in store.trajectories(run_id="demonstrations"))
+    assert shown == sorted(["multiply", "multiply_chain", "lookup_and_multiply"] * 4)
 
 
 def test_a_new_run_sets_the_earlier_one_aside(tmp_path):

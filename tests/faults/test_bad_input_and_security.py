@@ -32,6 +32,10 @@ def tiny_dir(tmp_path_factory):
     (lambda: fb.GRPOConfig(lora_targets="q_proj"), "lora_targets"),
     (lambda: DemoConfig(rl_iterations=-1), "DemoConfig.rl_iterations"),
     (lambda: DemoConfig(temperature="hot"), "DemoConfig.temperature"),
+    (lambda: DemoConfig(demonstrate=("multiply", "lookup_twice")), "DemoConfig.demonstrate"),
+    (lambda: DemoConfig(demonstrate=()), "DemoConfig.demonstrate"),
+    (lambda: DemoConfig(multi_step_demos=25), "DemoConfig.multi_step_demos"),
+    (lambda: DemoConfig(multi_step_demos=True), "DemoConfig.multi_step_demos"),
 ])
 def test_wrong_types_in_configs_name_the_field(make, field):
     with pytest.raises(ValueError, match=re.escape(field)):

@@ -6,6 +6,13 @@
   compute with it: two tool calls in sequence, where per-step credit matters.
 - `lookup_add` (not in the demo's default suite; `bench/credit.py` uses it): "What is the
   combined population of Varenna and Kelmor?" -- two lookups, then `add`: three tool calls.
+- `BRIDGE_KINDS`, demonstrated only, never evaluated (`bridge_tasks`): two calls each, to find
+  out which piece of `lookup_multiply` a warm start must have seen before pass/fail RL can
+  find the rest (docs/demo-experiments.md). `multiply_chain`, "What is 4821 times 37 times 5?"
+  (the second multiply on the first's result); `lookup_max`, "Which is larger, the population of
+  Sallow or of Kelmor?" (two lookups); `lookup_and_multiply`, "What is the population of
+  Lindmoor, and what is 7968 times 22?" (a lookup, then a multiply on the question's numbers:
+  two tools, but never a lookup's result as an argument).
 
 The cities are made up, so the answers cannot be recalled, only looked up. Splits are drawn
 from a fixed seed: the evaluation tasks use numbers and cities the training tasks do not, and
@@ -39,6 +46,10 @@ KINDS = ("multiply", "lookup", "lookup_multiply")
 KINDS_ORDER = KINDS
 ALL_KINDS = KINDS + ("lookup_add",)
 """Every kind the suite can make."""
+CHAIN_KIND = "multiply_chain"
+"""The single-tool chained kind of `bridge_tasks` (demonstrations only; never evaluated)."""
+BRIDGE_KINDS = (CHAIN_KIND, "lookup_max", "lookup_and_multiply")
+"""Single-tool kinds of two calls each, for demonstrations only (`bridge_tasks`)."""
 MULTI_STEP_KINDS = ("lookup_multiply", "lookup_add")
 """The kinds that need more than one tool call in sequence."""
 
@@ -78,9 +89,21 @@ def _tasks(kind: str, rng: random.Random, cities: list[str], n: int, start: int)
         if kind == "multiply":
             a, b = rng.randint(100, 9999), rng.randint(11, 99)
             out.append(Task(f"multiply-{start + i}", kind, f"What is {a} times {b}?", a * b))
+        elif kind == CHAIN_KIND:
+            a, b, c = rng.randint(100, 9999), rng.randint(11, 99), rng.randint(2, 9)
+            out.append(Task(f"{kind}-{start + i}", kind, f"What is {a} times {b} times {c}?", a * b * c))
         elif kind == "lookup":
             city = cities[i % len(cities)]
             out.append(Task(f"lookup-{start + i}", kind, f"What is the population of {city}?", CITIES[city]))
+        elif kind == "lookup_max":
+            first, second = rng.sample(cities, 2)
+            out.append(Task(f"{kind}-{start + i}", kind,
+                            f"Which is larger, the population of {first} or of {second}?",
+                            max(CITIES[first], CITIES[second])))
+        elif kind == "lookup_and_multiply":
+            city, a, b = rng.choice(cities), rng.randint(100, 9999), rng.randint(11, 99)
+            out.append(Task(f"{kind}-{start + i}", kind,
+                            f"What is the population of {city}, and what is {a} times {b}?", a * b))
         elif kind == "lookup_multiply":
             city, k = cities[(i * 3 + 1) % len(cities)], rng.randint(2, 9)
             out.append(Task(f"lookup_multiply-{start + i}", kind,
@@ -91,8 +114,19 @@ def _tasks(kind: str, rng: random.Random, cities: list[str], n: int, start: int)
                             f"What is the combined population of {first} and {second}?",
                             CITIES[first] + CITIES[second]))
         else:
-            raise InvalidArgument(f"unknown task kind {kind!r}; expected one of {ALL_KINDS}")
+            raise InvalidArgument(f"unknown task kind {kind!r}; expected one of {ALL_KINDS + BRIDGE_KINDS}")
     return out
+
+
+def _split_cities(rng: random.Random) -> tuple[list[str], list[str]]:
+    names = sorted(SPLIT_CITIES)
+    rng.shuffle(names)
+    return names[:14], names[14:]
+
+
+def training_cities(seed: int = 0) -> list[str]:
+    """The cities `make_splits(seed=seed)` uses in its training questions."""
+    return _split_cities(random.Random(seed))[0]
 
 
 def make_splits(train_per_kind: int = 24, eval_per_kind: int = 10, seed: int = 0,
@@ -102,9 +136,7 @@ def make_splits(train_per_kind: int = 24, eval_per_kind: int = 10, seed: int = 0
     `held_out_tasks`; the benches report it as their held-out split (docs/credit.md says which
     choice of `bench/credit.py` followed a first run on it)."""
     rng = random.Random(seed)
-    names = sorted(SPLIT_CITIES)
-    rng.shuffle(names)
-    train_cities, eval_cities = names[:14], names[14:]
+    train_cities, eval_cities = _split_cities(rng)
     train, held_out = [], []
     for kind in kinds:
         train += _tasks(kind, rng, train_cities, train_per_kind, 0)
@@ -118,6 +150,15 @@ def held_out_tasks(per_kind: int = 10, seed: int = 0, kinds: tuple[str, ...] = K
     rng = random.Random(f"held-out-{seed}")
     cities = list(HELD_OUT_CITIES)
     return [t for kind in kinds for t in _tasks(kind, rng, cities, per_kind, 2000)]
+
+
+def bridge_tasks(kind: str, n: int = 24, seed: int = 0) -> list[Task]:
+    """Tasks of one of `BRIDGE_KINDS` on the training cities of `make_splits(seed=seed)`, from
+    their own random stream, so adding them to a run's demonstrations leaves `make_splits` and
+    `held_out_tasks` exactly as they were."""
+    if kind not in BRIDGE_KINDS:
+        raise InvalidArgument(f"bridge_tasks: unknown kind {kind!r}; expected one of {BRIDGE_KINDS}")
+    return _tasks(kind, random.Random(f"{kind}-{seed}"), training_cities(seed), n, 0)
 
 
 def check_answer(task: Task, final_text: str) -> bool:
@@ -134,6 +175,25 @@ def expert_reply(messages: list[dict], tools: list[dict] | None) -> str:
     """What a perfect agent says next (the scripted expert behind the demonstrations)."""
     question = next(m["content"] for m in messages if m["role"] == "user")
     results = [m["content"] for m in messages if m["role"] == "tool"]
+    m = re.match(r"What is (\d+) times (\d+) times (\d+)\?", question)
+    if m:
+        if not results:
+            return _call("multiply", f'{{"a": {m.group(1)}, "b": {m.group(2)}}}')
+        if len(results) == 1:
+            return _call("multiply", f'{{"a": {results[0]}, "b": {m.group(3)}}}')
+        return f"The answer is {results[-1]}."
+    m = re.match(r"Which is larger, the population of (.+) or of (.+)\?", question)
+    if m:
+        if len(results) < 2:
+            return _call("lookup", f'{{"city": "{m.group(len(results) + 1)}"}}')
+        return f"The answer is {max(int(r) for r in results)}."
+    m = re.match(r"What is the population of (.+), and what is (\d+) times (\d+)\?", question)
+    if m:
+        if not results:
+            return _call("lookup", f'{{"city": "{m.group(1)}"}}')
+        if len(results) == 1:
+            return _call("multiply", f'{{"a": {m.group(2)}, "b": {m.group(3)}}}')
+        return f"The population is {results[0]}, and the product is {results[1]}."
     m = re.match(r"What is (\d+) times (\d+)\?", question)
     if m:
         if not results:
