@@ -31,13 +31,15 @@ from pathlib import Path
 
 
 def main() -> None:
+    from forge_bridge.app.tasks import BRIDGE_KINDS
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sft-epochs", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0, 1.3])
     ap.add_argument("--samples", type=int, default=4, help="rollouts per task and temperature")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--bridge", nargs="*", default=[], help="also demonstrate these single-tool two-call kinds "
-                    "(multiply_chain, lookup_max)")
+    ap.add_argument("--bridge", nargs="+", default=[], choices=BRIDGE_KINDS,
+                    help="also demonstrate these two-call kinds (BRIDGE_KINDS), never lookup_multiply itself")
     ap.add_argument("--out", default="runs/bench-exploration")
     args = ap.parse_args()
 
@@ -51,7 +53,7 @@ def main() -> None:
     from forge_bridge.policies.scripted import ScriptedPolicy
     from forge_bridge.trainer.sft import SFTConfig, supervised_finetune
 
-    train, held_out = make_splits(24, 10, args.seed)
+    train, validation = make_splits(24, 10, args.seed)
     single = [t for t in train if t.kind in ("multiply", "lookup")]
     single += [t for kind in args.bridge for t in bridge_tasks(kind, 24, args.seed)]
     two_step = [t for t in train if t.kind == "lookup_multiply"]
@@ -89,7 +91,7 @@ def main() -> None:
               f"{sft['sft_loss_first']:.3f} -> {sft['sft_loss_last']:.3f}")
         recorder = fb.Recorder(store, "single")
         with ThreadPoolExecutor(20) as pool:
-            ok = list(pool.map(lambda t: run(agent, t, recorder, 0.0), [t for t in held_out if t.kind != "lookup_multiply"]))
+            ok = list(pool.map(lambda t: run(agent, t, recorder, 0.0), [t for t in validation if t.kind != "lookup_multiply"]))
         print(f"  single-tool kinds, validation, greedy: {sum(ok)}/{len(ok)}")
         for temperature in [0.0] + args.temperatures:
             run_id = f"T{temperature}"

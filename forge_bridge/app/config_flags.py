@@ -52,6 +52,8 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, names: Sequence
         help_text = f"{docs.get(name, '')} (default: {field.default})".replace("%", "%%")
         kind = _value_type(field)
         if kind is tuple:  # a tuple of one type: `--flag A B C`
+            if not field.default:
+                raise WrongType(f"{name}: no command-line type for an empty tuple default")
             parser.add_argument(*flags, dest=name, nargs="+", type=type(field.default[0]), default=argparse.SUPPRESS,
                                 metavar=name.upper(), help=help_text)
         elif kind is bool:

@@ -60,8 +60,8 @@ class DemoConfig:
     """Kinds the scripted expert demonstrates for SFT: the demo's own (its training tasks) and
     `BRIDGE_KINDS`, demonstrated only, never evaluated (`train_per_kind` tasks of each)."""
     multi_step_demos: int | None = None
-    """Demonstrations of each multi-step kind in `demonstrate` (its first training tasks); None:
-    all `train_per_kind` of them. Fewer leaves more of that kind for RL to learn."""
+    """Demonstrations of each multi-step kind in `demonstrate` (its first training tasks; GRPO
+    still draws from all of them); None: all `train_per_kind`. Bridge kinds are not limited."""
     sft_epochs: int = 3
     """Passes over the demonstrations (chosen on the validation split among 1, 2 and 3 epochs:
     docs/demo-experiments.md)."""
@@ -121,8 +121,8 @@ class DemoConfig:
             raise InvalidArgument(f"DemoConfig.rl_tasks_per_kind: expected {len(KINDS_ORDER)} counts >= 0 "
                              f"(one per kind: {', '.join(KINDS_ORDER)}), got {self.rl_tasks_per_kind!r}")
         if (not isinstance(self.demonstrate, tuple) or not self.demonstrate
-                or len(set(self.demonstrate)) != len(self.demonstrate)
-                or any(kind not in KINDS_ORDER + BRIDGE_KINDS for kind in self.demonstrate)):
+                or any(not isinstance(kind, str) or kind not in KINDS_ORDER + BRIDGE_KINDS for kind in self.demonstrate)
+                or len(set(self.demonstrate)) != len(self.demonstrate)):
             raise InvalidArgument(f"DemoConfig.demonstrate: expected distinct kinds from {KINDS_ORDER + BRIDGE_KINDS}, "
                                   f"got {self.demonstrate!r}")
         if self.multi_step_demos is not None and (
@@ -130,6 +130,9 @@ class DemoConfig:
                 or not 0 <= self.multi_step_demos <= self.train_per_kind):
             raise InvalidArgument(f"DemoConfig.multi_step_demos: expected None or an int in [0, train_per_kind="
                                   f"{self.train_per_kind}], got {self.multi_step_demos!r}")
+        if self.multi_step_demos == 0 and set(self.demonstrate) <= set(MULTI_STEP_KINDS):
+            raise InvalidArgument(f"DemoConfig: nothing to demonstrate: demonstrate={self.demonstrate!r} names only "
+                                  "multi-step kinds and multi_step_demos=0")
         if self.baseline not in ("group", "batch"):
             raise InvalidArgument(f"DemoConfig.baseline: expected 'group' or 'batch', got {self.baseline!r}")
         if self.gamma > 1:

@@ -36,6 +36,8 @@ def tiny_dir(tmp_path_factory):
     (lambda: DemoConfig(demonstrate=()), "DemoConfig.demonstrate"),
     (lambda: DemoConfig(multi_step_demos=25), "DemoConfig.multi_step_demos"),
     (lambda: DemoConfig(multi_step_demos=True), "DemoConfig.multi_step_demos"),
+    (lambda: DemoConfig(demonstrate=(["multiply"],)), "DemoConfig.demonstrate"),
+    (lambda: DemoConfig(demonstrate=("lookup_multiply",), multi_step_demos=0), "nothing to demonstrate"),
 ])
 def test_wrong_types_in_configs_name_the_field(make, field):
     with pytest.raises(ValueError, match=re.escape(field)):

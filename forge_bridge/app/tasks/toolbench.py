@@ -49,7 +49,7 @@ ALL_KINDS = KINDS + ("lookup_add",)
 CHAIN_KIND = "multiply_chain"
 """The single-tool chained kind of `bridge_tasks` (demonstrations only; never evaluated)."""
 BRIDGE_KINDS = (CHAIN_KIND, "lookup_max", "lookup_and_multiply")
-"""Single-tool kinds of two calls each, for demonstrations only (`bridge_tasks`)."""
+"""Kinds of two calls each, for demonstrations only (`bridge_tasks`; the module docstring)."""
 MULTI_STEP_KINDS = ("lookup_multiply", "lookup_add")
 """The kinds that need more than one tool call in sequence."""
 
