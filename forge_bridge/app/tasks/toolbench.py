@@ -21,6 +21,7 @@ from a fixed seed: the evaluation tasks use numbers and cities the training task
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from dataclasses import dataclass
@@ -167,55 +168,42 @@ def check_answer(task: Task, final_text: str) -> bool:
     return any(int(n.replace(",", "")) == task.answer for n in numbers if n.replace(",", "").isdigit())
 
 
-def _call(name: str, args: str) -> str:
-    return f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+def _call(name: str, arguments: dict) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
+
+
+def _answer(m: re.Match, results: list[str]) -> str:
+    return f"The answer is {results[-1]}."
+
+
+# question pattern -> the expert's calls in order (each from the match and the results so far),
+# then its final answer
+_EXPERT = [
+    (r"What is (\d+) times (\d+) times (\d+)\?",
+     [lambda m, r: ("multiply", {"a": int(m[1]), "b": int(m[2])}),
+      lambda m, r: ("multiply", {"a": int(r[0]), "b": int(m[3])})], _answer),
+    (r"Which is larger, the population of (.+) or of (.+)\?",
+     [lambda m, r: ("lookup", {"city": m[1]}), lambda m, r: ("lookup", {"city": m[2]})],
+     lambda m, r: f"The answer is {max(int(x) for x in r)}."),
+    (r"What is the population of (.+), and what is (\d+) times (\d+)\?",
+     [lambda m, r: ("lookup", {"city": m[1]}), lambda m, r: ("multiply", {"a": int(m[2]), "b": int(m[3])})],
+     lambda m, r: f"The population is {r[0]}, and the product is {r[1]}."),
+    (r"What is (\d+) times (\d+)\?", [lambda m, r: ("multiply", {"a": int(m[1]), "b": int(m[2])})], _answer),
+    (r"What is the population of (.+)\?", [lambda m, r: ("lookup", {"city": m[1]})], _answer),
+    (r"What is (\d+) times the population of (.+)\?",
+     [lambda m, r: ("lookup", {"city": m[2]}), lambda m, r: ("multiply", {"a": int(r[0]), "b": int(m[1])})], _answer),
+    (r"What is the combined population of (.+) and (.+)\?",
+     [lambda m, r: ("lookup", {"city": m[1]}), lambda m, r: ("lookup", {"city": m[2]}),
+      lambda m, r: ("add", {"a": int(r[0]), "b": int(r[1])})], _answer),
+]
 
 
 def expert_reply(messages: list[dict], tools: list[dict] | None) -> str:
     """What a perfect agent says next (the scripted expert behind the demonstrations)."""
     question = next(m["content"] for m in messages if m["role"] == "user")
     results = [m["content"] for m in messages if m["role"] == "tool"]
-    m = re.match(r"What is (\d+) times (\d+) times (\d+)\?", question)
-    if m:
-        if not results:
-            return _call("multiply", f'{{"a": {m.group(1)}, "b": {m.group(2)}}}')
-        if len(results) == 1:
-            return _call("multiply", f'{{"a": {results[0]}, "b": {m.group(3)}}}')
-        return f"The answer is {results[-1]}."
-    m = re.match(r"Which is larger, the population of (.+) or of (.+)\?", question)
-    if m:
-        if len(results) < 2:
-            return _call("lookup", f'{{"city": "{m.group(len(results) + 1)}"}}')
-        return f"The answer is {max(int(r) for r in results)}."
-    m = re.match(r"What is the population of (.+), and what is (\d+) times (\d+)\?", question)
-    if m:
-        if not results:
-            return _call("lookup", f'{{"city": "{m.group(1)}"}}')
-        if len(results) == 1:
-            return _call("multiply", f'{{"a": {m.group(2)}, "b": {m.group(3)}}}')
-        return f"The population is {results[0]}, and the product is {results[1]}."
-    m = re.match(r"What is (\d+) times (\d+)\?", question)
-    if m:
-        if not results:
-            return _call("multiply", f'{{"a": {m.group(1)}, "b": {m.group(2)}}}')
-        return f"The answer is {results[-1]}."
-    m = re.match(r"What is the population of (.+)\?", question)
-    if m:
-        if not results:
-            return _call("lookup", f'{{"city": "{m.group(1)}"}}')
-        return f"The answer is {results[-1]}."
-    m = re.match(r"What is (\d+) times the population of (.+)\?", question)
-    if m:
-        if not results:
-            return _call("lookup", f'{{"city": "{m.group(2)}"}}')
-        if len(results) == 1:
-            return _call("multiply", f'{{"a": {results[0]}, "b": {m.group(1)}}}')
-        return f"The answer is {results[-1]}."
-    m = re.match(r"What is the combined population of (.+) and (.+)\?", question)
-    if m:
-        if len(results) < 2:
-            return _call("lookup", f'{{"city": "{m.group(len(results) + 1)}"}}')
-        if len(results) == 2:
-            return _call("add", f'{{"a": {results[0]}, "b": {results[1]}}}')
-        return f"The answer is {results[-1]}."
+    for pattern, calls, answer in _EXPERT:
+        m = re.match(pattern, question)
+        if m:
+            return _call(*calls[len(results)](m, results)) if len(results) < len(calls) else answer(m, results)
     return "I cannot answer that."
