@@ -42,6 +42,7 @@ def main() -> None:
                     help="also demonstrate these two-call kinds (BRIDGE_KINDS), never lookup_multiply itself")
     ap.add_argument("--out", default="runs/bench-exploration")
     args = ap.parse_args()
+    args.bridge = list(dict.fromkeys(args.bridge))  # each kind once
 
     import torch
 

@@ -130,3 +130,11 @@ def test_the_demo_demonstrates_the_kinds_named_and_only_the_first_multi_step_tas
                 if t.kind == "lookup_multiply"]
     bridged = demonstration_tasks(DemoConfig(train_per_kind=6, demonstrate=("lookup", "lookup_max")), train)
     assert [t.kind for t in bridged] == ["lookup"] * 6 + ["lookup_max"] * 6
+
+
+def test_the_expert_gives_up_on_a_result_it_cannot_compute_with():
+    messages = [{"role": "user", "content": "What is 3 times the population of Atlantis?"}]
+    assert expert_reply(messages, None).startswith("<tool_call>")  # it looks the city up
+    messages += [{"role": "assistant", "content": "..."}, {"role": "tool", "content": "unknown city: Atlantis"}]
+    assert expert_reply(messages, None) == "I cannot answer that."
+    assert expert_reply([{"role": "user", "content": "Hello?"}], None) == "I cannot answer that."

@@ -10,7 +10,7 @@
   out which piece of `lookup_multiply` a warm start must have seen before pass/fail RL can
   find the rest (docs/demo-experiments.md). `multiply_chain`, "What is 4821 times 37 times 5?"
   (the second multiply on the first's result); `lookup_max`, "Which is larger, the population of
-  Sallow or of Kelmor?" (two lookups); `lookup_and_multiply`, "What is the population of
+  Sallow or of Juniper Bay?" (two lookups); `lookup_and_multiply`, "What is the population of
   Lindmoor, and what is 7968 times 22?" (a lookup, then a multiply on the question's numbers:
   two tools, but never a lookup's result as an argument).
 
@@ -169,7 +169,7 @@ def check_answer(task: Task, final_text: str) -> bool:
 
 
 def _call(name: str, arguments: dict) -> str:
-    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments, ensure_ascii=False)}}}\n</tool_call>'
 
 
 def _answer(m: re.Match, results: list[str]) -> str:
@@ -205,5 +205,8 @@ def expert_reply(messages: list[dict], tools: list[dict] | None) -> str:
     for pattern, calls, answer in _EXPERT:
         m = re.match(pattern, question)
         if m:
-            return _call(*calls[len(results)](m, results)) if len(results) < len(calls) else answer(m, results)
+            try:
+                return _call(*calls[len(results)](m, results)) if len(results) < len(calls) else answer(m, results)
+            except ValueError:  # a result it cannot compute with, e.g. "unknown city: X"
+                return "I cannot answer that."
     return "I cannot answer that."
