@@ -336,24 +336,27 @@ def test_concurrent_callers_do_not_wait_for_a_long_call_to_finish():
     (an untaught tiny model: its answers run to max_tokens)."""
     long_ask = ([{"role": "user", "content": "Say something long."}], None)
     with LocalPolicy(*models.tiny(seed=5), dtype="float32", max_batch=4) as policy:
-        for seed in range(50):  # a seed whose answer runs long: the premise of the test
-            alone = policy.chat(*long_ask, temperature=1.0, seed=seed, max_tokens=400)
-            if len(alone.completion_token_ids) >= 300:
+        # a seed whose answer runs long (the premise of the test): 600 tokens take about 0.6 s and
+        # the short call alone 16 ms. (With 400 tokens and a fixed 0.2 s sleep the short call
+        # joined the last 0.08 s, and once in CI finished 15 ms after the long one.)
+        for seed in range(50):
+            alone = policy.chat(*long_ask, temperature=1.0, seed=seed, max_tokens=1600)
+            if len(alone.completion_token_ids) >= 600:
                 break
-        assert len(alone.completion_token_ids) >= 300
+        assert len(alone.completion_token_ids) >= 600
         done: dict[str, float] = {}
-        start = threading.Event()
 
         def long_call():
-            start.set()
             done["long_tokens"] = policy.chat(*long_ask, temperature=1.0, seed=seed,
-                                              max_tokens=400).completion_token_ids
+                                              max_tokens=1600).completion_token_ids
             done["long"] = time.perf_counter()
 
+        before, deadline = policy.batches_run, time.monotonic() + 30
         thread = threading.Thread(target=long_call)
         thread.start()
-        start.wait()
-        time.sleep(0.2)  # the long call is decoding
+        while policy.batches_run == before and time.monotonic() < deadline:
+            time.sleep(0.001)  # until the long call is admitted: it is decoding from here on
+        assert policy.batches_run > before and "long" not in done
         short = policy.chat(testing.ASK, temperature=1.0, seed=1, max_tokens=5)
         done["short"] = time.perf_counter()
         thread.join()
