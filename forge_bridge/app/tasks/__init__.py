@@ -15,5 +15,5 @@ from forge_bridge.app.tasks.toolbench import (
     tool_schemas,
 )
 
-__all__ = ["ALL_KINDS", "BRIDGE_KINDS", "bridge_tasks", "CITIES", "KINDS_ORDER", "MULTI_STEP_KINDS", "Task", "check_answer", "expert_reply",
-           "held_out_tasks", "make_splits", "tool_schemas"]
+__all__ = ["ALL_KINDS", "BRIDGE_KINDS", "CITIES", "KINDS_ORDER", "MULTI_STEP_KINDS", "Task", "bridge_tasks",
+           "check_answer", "expert_reply", "held_out_tasks", "make_splits", "tool_schemas"]

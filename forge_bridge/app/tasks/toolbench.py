@@ -47,9 +47,7 @@ KINDS = ("multiply", "lookup", "lookup_multiply")
 KINDS_ORDER = KINDS
 ALL_KINDS = KINDS + ("lookup_add",)
 """Every kind the suite can make."""
-CHAIN_KIND = "multiply_chain"
-"""The single-tool chained kind of `bridge_tasks` (demonstrations only; never evaluated)."""
-BRIDGE_KINDS = (CHAIN_KIND, "lookup_max", "lookup_and_multiply")
+BRIDGE_KINDS = ("multiply_chain", "lookup_max", "lookup_and_multiply")
 """Kinds of two calls each, for demonstrations only (`bridge_tasks`; the module docstring)."""
 MULTI_STEP_KINDS = ("lookup_multiply", "lookup_add")
 """The kinds that need more than one tool call in sequence."""
@@ -90,7 +88,7 @@ def _tasks(kind: str, rng: random.Random, cities: list[str], n: int, start: int)
         if kind == "multiply":
             a, b = rng.randint(100, 9999), rng.randint(11, 99)
             out.append(Task(f"multiply-{start + i}", kind, f"What is {a} times {b}?", a * b))
-        elif kind == CHAIN_KIND:
+        elif kind == "multiply_chain":
             a, b, c = rng.randint(100, 9999), rng.randint(11, 99), rng.randint(2, 9)
             out.append(Task(f"{kind}-{start + i}", kind, f"What is {a} times {b} times {c}?", a * b * c))
         elif kind == "lookup":
@@ -134,8 +132,8 @@ def make_splits(train_per_kind: int = 24, eval_per_kind: int = 10, seed: int = 0
                 kinds: tuple[str, ...] = KINDS) -> tuple[list[Task], list[Task]]:
     """(train, evaluation) task lists; evaluation cities never appear in training questions. The
     demo chose its settings on this evaluation split, so it calls it validation and reports
-    `held_out_tasks`; the benches report it as their held-out split (docs/credit.md says which
-    choice of `bench/credit.py` followed a first run on it)."""
+    `held_out_tasks`; `bench/credit.py` reports it as its held-out split (docs/credit.md says
+    which of its choices followed a first run on it)."""
     rng = random.Random(seed)
     train_cities, eval_cities = _split_cities(rng)
     train, held_out = [], []
