@@ -234,12 +234,10 @@ def demonstration_tasks(config: DemoConfig, train: list[Task]) -> list[Task]:
     """The tasks the scripted expert demonstrates: the training tasks of the kinds in
     `config.demonstrate` (of a multi-step kind only the first `multi_step_demos`), then the
     bridge kinds' own tasks."""
-    def shown(task: Task) -> bool:
-        limit = config.multi_step_demos if task.kind in MULTI_STEP_KINDS else None
-        return task.kind in config.demonstrate and (limit is None or int(task.id.rsplit("-", 1)[1]) < limit)
-
-    return [t for t in train if shown(t)] + [t for kind in config.demonstrate if kind in BRIDGE_KINDS
-                                             for t in bridge_tasks(kind, config.train_per_kind, config.seed)]
+    first = {kind: [t for t in train if t.kind == kind][:config.multi_step_demos if kind in MULTI_STEP_KINDS else None]
+             for kind in config.demonstrate if kind not in BRIDGE_KINDS}
+    return [t for t in train if t in first.get(t.kind, ())] + [
+        t for kind in config.demonstrate if kind in BRIDGE_KINDS for t in bridge_tasks(kind, config.train_per_kind, config.seed)]
 
 
 def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
