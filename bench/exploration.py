@@ -47,16 +47,15 @@ def main() -> None:
     import torch
 
     import forge_bridge as fb
-    from forge_bridge.app.demo import attempt, build_agent
-    from forge_bridge.app.tasks import bridge_tasks, expert_reply, make_splits
+    from forge_bridge.app.demo import DemoConfig, attempt, build_agent, demonstration_tasks
+    from forge_bridge.app.tasks import expert_reply, make_splits
     from forge_bridge.core.episode import derive_seed
     from forge_bridge.core.store import TrajectoryStore
     from forge_bridge.policies.scripted import ScriptedPolicy
     from forge_bridge.trainer.sft import SFTConfig, supervised_finetune
 
     train, validation = make_splits(24, 10, args.seed)
-    single = [t for t in train if t.kind in ("multiply", "lookup")]
-    single += [t for kind in args.bridge for t in bridge_tasks(kind, 24, args.seed)]
+    single = demonstration_tasks(DemoConfig(seed=args.seed, demonstrate=("multiply", "lookup", *args.bridge)), train)
     two_step = [t for t in train if t.kind == "lookup_multiply"]
     for epochs in args.sft_epochs:
         torch.manual_seed(args.seed)
