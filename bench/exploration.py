@@ -11,6 +11,16 @@ rollouts did (the sequence of tool calls), and the greedy success of the single-
 the validation tasks (what the warm start did learn).
 
     .venv/bin/python bench/exploration.py [--sft-epochs 1 2] [--seed 0] [--samples 4] [--bridge KIND ...]
+    .venv/bin/python bench/exploration.py --forced [--sft-epochs 1 2 3]
+
+`--forced` asks instead whether a turn-level exploration scheme could find the second call:
+after the warm start, at the state that follows a correct lookup (the scripted expert's, on
+every training `lookup_multiply` task), it prints the warm start's probability at T = 0.7 of
+the whole correct `multiply` call and of the call's first token (and, for the step before, of
+the right lookup as the first call), then samples `--samples`
+continuations per task with the opening of a tool call forced (`<tool_call>` up to the tool's
+name, which is left to the model) and counts the tools named and the `multiply` calls whose
+product is the task's answer.
 
 `--bridge KIND ...` adds 24 demonstrations of each named two-call kind of `BRIDGE_KINDS`, never
 of `lookup_multiply` itself: `multiply_chain` (a multiply on the previous multiply's result) and
@@ -18,7 +28,8 @@ of `lookup_multiply` itself: `multiply_chain` (a multiply on the previous multip
 whose arguments come from the question) uses both. docs/demo-experiments.md has the results.
 
 What it does not cover: other models (a larger one may compose the two calls on its own), other
-prompts or tool descriptions, and any exploration bonus.
+prompts or tool descriptions, and any exploration bonus. `--forced` measures what forcing a
+call's opening would find; it does not train on it (no such exploration is built).
 """
 
 from __future__ import annotations
@@ -40,6 +51,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bridge", nargs="+", default=[], choices=BRIDGE_KINDS,
                     help="also demonstrate these two-call kinds (BRIDGE_KINDS), never lookup_multiply itself")
+    ap.add_argument("--forced", action="store_true",
+                    help="measure the second call after a correct lookup, with a tool call's opening forced")
     ap.add_argument("--out", default="runs/bench-exploration")
     args = ap.parse_args()
     args.bridge = list(dict.fromkeys(args.bridge))  # each kind once
@@ -89,6 +102,14 @@ def main() -> None:
         sft = supervised_finetune(trainer, recorded, SFTConfig(epochs=epochs, lr=1e-3, batch_size=8))
         print(f"\nSFT {epochs} epoch(s) on {len(recorded)} demonstrations of {sorted({t.task_id.rsplit('-', 1)[0] for t in recorded})}: loss "
               f"{sft['sft_loss_first']:.3f} -> {sft['sft_loss_last']:.3f}")
+        if args.forced:
+            with ThreadPoolExecutor(20) as pool:
+                list(pool.map(lambda t: run(expert, t, fb.Recorder(store, "expert"), 0.0), two_step))
+            forced_second_call(trainer, list(store.iter(run_id="expert")), two_step, args)
+            trainer.close()
+            policy.close()
+            store.close()
+            continue
         recorder = fb.Recorder(store, "single")
         with ThreadPoolExecutor(20) as pool:
             ok = list(pool.map(lambda t: run(agent, t, recorder, 0.0), [t for t in validation if t.kind != "lookup_multiply"]))
@@ -108,6 +129,59 @@ def main() -> None:
         trainer.close()
         policy.close()
         store.close()
+
+
+def forced_second_call(trainer, expert_runs, two_step, args, temperature: float = 0.7) -> None:
+    """Under the warm start at `temperature`: P(the expert's first call, the lookup); at the
+    state after that lookup, P(the expert's multiply call) and P(its first token); then
+    `args.samples` continuations per task with the call's opening forced up to the tool's name
+    (sampled as the policy samples: no top-k), counting the tools named and the `multiply`
+    calls whose product is the answer."""
+    import json
+    import math
+    import re
+
+    import torch
+
+    from forge_bridge.core.episode import derive_seed
+
+    model, tok = trainer.model.eval(), trainer.tokenizer
+    answers = {t.id: t.answer for t in two_step}
+
+    def logprobs(step) -> torch.Tensor:  # [completion tokens] at `temperature`
+        prompt, call = step.prompt_token_ids, step.completion_token_ids
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + call])).logits[0, len(prompt) - 1:-1].float() / temperature
+        return torch.log_softmax(logits, -1).gather(1, torch.tensor(call)[:, None])[:, 0]
+
+    lookup, whole, first, named, right = [], [], [], collections.Counter(), 0
+    for traj in sorted(expert_runs, key=lambda t: t.task_id):
+        lookup.append(math.exp(logprobs(traj.transitions[0]).sum()))  # the first call, the lookup
+        step = traj.transitions[1]  # the multiply, after the lookup's result
+        prompt, call = step.prompt_token_ids, step.completion_token_ids
+        lp = logprobs(step)
+        whole.append(math.exp(lp.sum())), first.append(math.exp(lp[0]))
+        opening = next(n for n in range(1, len(call)) if tok.decode(call[:n]).endswith('"name": "'))
+        ids = torch.tensor([prompt + call[:opening]])
+        for k in range(args.samples):
+            torch.manual_seed(derive_seed(args.seed, traj.task_id, k, "forced"))
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                                 temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=40,
+                                 pad_token_id=tok.eos_token_id)
+            text = tok.decode(call[:opening] + out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
+            name = re.search(r'"name": "(\w+)"', text)
+            named[name[1] if name else "(none)"] += 1
+            try:
+                a = json.loads(re.search(r'"arguments": (\{.*?\})', text)[1])
+                right += name[1] == "multiply" and int(a["a"]) * int(a["b"]) == answers[traj.task_id]
+            except (TypeError, ValueError, KeyError, json.JSONDecodeError):
+                pass
+    n = len(whole)
+    print(f"  first call, T={temperature}: P(the right lookup) mean {sum(lookup) / n:.2g}")
+    print(f"  after a correct lookup, T={temperature}: P(the right multiply call) mean {sum(whole) / n:.2g} "
+          f"(max {max(whole):.2g}); P(its first token) mean {sum(first) / n:.2g}")
+    print(f"  the call's opening forced, {n * args.samples} samples: tools named {dict(named.most_common())}; "
+          f"multiply with the task's product {right}/{n * args.samples}")
 
 
 if __name__ == "__main__":
