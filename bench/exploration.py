@@ -13,13 +13,13 @@ the validation tasks (what the warm start did learn).
     .venv/bin/python bench/exploration.py [--sft-epochs 1 2] [--seed 0] [--samples 4] [--bridge KIND ...]
     .venv/bin/python bench/exploration.py --forced [--sft-epochs 1 2 3]
 
-`--forced` asks instead whether a turn-level exploration scheme could find the second call:
-after the warm start, at the state that follows a correct lookup (the scripted expert's, on
-every training `lookup_multiply` task), it prints the warm start's probability at T = 0.7 of
-the whole correct `multiply` call and of the call's first token (and, for the step before, of
-the right lookup as the first call), then samples `--samples`
-continuations per task with the opening of a tool call forced (`<tool_call>` up to the tool's
-name, which is left to the model) and counts the tools named and the `multiply` calls whose
+`--forced` asks instead whether a turn-level exploration scheme could find the second call. On
+every training `lookup_multiply` task, at T = 0.7 (`--temperatures` is not used), it prints
+the warm start's probability of the scripted expert's first call (the lookup), and, at the
+state after that lookup, of the right `multiply` call (the population and k, in either order)
+and of the call's first token. Then it samples `--samples` continuations per task with the
+opening of a tool call forced (`<tool_call>` up to the tool's name, which is left to the model;
+no top-k, as the policy samples), and counts the tools named and the `multiply` calls whose
 product is the task's answer.
 
 `--bridge KIND ...` adds 24 demonstrations of each named two-call kind of `BRIDGE_KINDS`, never
@@ -132,11 +132,8 @@ def main() -> None:
 
 
 def forced_second_call(trainer, expert_runs, two_step, args, temperature: float = 0.7) -> None:
-    """Under the warm start at `temperature`: P(the expert's first call, the lookup); at the
-    state after that lookup, P(the expert's multiply call) and P(its first token); then
-    `args.samples` continuations per task with the call's opening forced up to the tool's name
-    (sampled as the policy samples: no top-k), counting the tools named and the `multiply`
-    calls whose product is the answer."""
+    """The `--forced` measurement (the module docstring), at `temperature` (not `--temperatures`).
+    "The right call" is `multiply` with the population and k in either order."""
     import json
     import math
     import re
@@ -148,19 +145,28 @@ def forced_second_call(trainer, expert_runs, two_step, args, temperature: float 
     model, tok = trainer.model.eval(), trainer.tokenizer
     answers = {t.id: t.answer for t in two_step}
 
-    def logprobs(step) -> torch.Tensor:  # [completion tokens] at `temperature`
-        prompt, call = step.prompt_token_ids, step.completion_token_ids
+    def logprobs(prompt: list[int], call: list[int]) -> torch.Tensor:  # [len(call)]
         with torch.no_grad():
             logits = model(torch.tensor([prompt + call])).logits[0, len(prompt) - 1:-1].float() / temperature
         return torch.log_softmax(logits, -1).gather(1, torch.tensor(call)[:, None])[:, 0]
 
+    def swapped(call: list[int]) -> list[int]:  # the same call with `a` and `b` exchanged
+        text = tok.decode(call[:-1])
+        if tok.encode(text, add_special_tokens=False) + call[-1:] != call:
+            raise SystemExit("--forced: the expert's call does not re-encode to its own tokens")
+        given = re.search(r'"arguments": (\{.*?\})', text)[1]
+        a = json.loads(given)
+        exchanged = text.replace(given, json.dumps({"a": a["b"], "b": a["a"]}))
+        return tok.encode(exchanged, add_special_tokens=False) + call[-1:]
+
     lookup, whole, first, named, right = [], [], [], collections.Counter(), 0
     for traj in sorted(expert_runs, key=lambda t: t.task_id):
-        lookup.append(math.exp(logprobs(traj.transitions[0]).sum()))  # the first call, the lookup
-        step = traj.transitions[1]  # the multiply, after the lookup's result
+        looked, step = traj.transitions[0], traj.transitions[1]  # the lookup; the multiply after its result
+        lookup.append(math.exp(logprobs(looked.prompt_token_ids, looked.completion_token_ids).sum()))
         prompt, call = step.prompt_token_ids, step.completion_token_ids
-        lp = logprobs(step)
-        whole.append(math.exp(lp.sum())), first.append(math.exp(lp[0]))
+        lp = logprobs(prompt, call)
+        whole.append(math.exp(lp.sum()) + math.exp(logprobs(prompt, swapped(call)).sum()))
+        first.append(math.exp(lp[0]))
         opening = next(n for n in range(1, len(call)) if tok.decode(call[:n]).endswith('"name": "'))
         ids = torch.tensor([prompt + call[:opening]])
         for k in range(args.samples):
@@ -170,16 +176,16 @@ def forced_second_call(trainer, expert_runs, two_step, args, temperature: float 
                                  pad_token_id=tok.eos_token_id)
             text = tok.decode(call[:opening] + out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
             name = re.search(r'"name": "(\w+)"', text)
-            named[name[1] if name else "(none)"] += 1
+            named[name[1] if name else "(unreadable)"] += 1
             try:
                 a = json.loads(re.search(r'"arguments": (\{.*?\})', text)[1])
                 right += name[1] == "multiply" and int(a["a"]) * int(a["b"]) == answers[traj.task_id]
-            except (TypeError, ValueError, KeyError, json.JSONDecodeError):
+            except (TypeError, ValueError, KeyError, OverflowError):  # no name or arguments, or not numbers
                 pass
     n = len(whole)
     print(f"  first call, T={temperature}: P(the right lookup) mean {sum(lookup) / n:.2g}")
-    print(f"  after a correct lookup, T={temperature}: P(the right multiply call) mean {sum(whole) / n:.2g} "
-          f"(max {max(whole):.2g}); P(its first token) mean {sum(first) / n:.2g}")
+    print(f"  after a correct lookup, T={temperature}: P(the right multiply call, either order) mean "
+          f"{sum(whole) / n:.2g} (max {max(whole):.2g}); P(its first token) mean {sum(first) / n:.2g}")
     print(f"  the call's opening forced, {n * args.samples} samples: tools named {dict(named.most_common())}; "
           f"multiply with the task's product {right}/{n * args.samples}")
 
