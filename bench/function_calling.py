@@ -48,11 +48,15 @@ def build_agent(policy, task, temperature: float, max_tokens: int):
         policy, temperature=temperature, max_tokens=max_tokens, max_model_calls=2)])
 
 
-def attempt(policy, task, temperature: float, max_tokens: int, reward: str = "exact") -> float:
+def attempt(policy, task, temperature: float, max_tokens: int, reward: str = "exact",
+            credit: str = "call") -> float:
     """One episode (inside the current one), scored on its first call: 1 when it is exactly right,
-    else 0 (`reward="exact"`) or the share of its arguments that are right (`"partial"`)."""
+    else 0 (`reward="exact"`) or the share of its arguments that are right (`"partial"`). With
+    `credit="argument"` each argument's tokens also get a span reward, +1 right / -1 wrong or not
+    asked for, and the tokens that close the arguments -1 when one is missing, else +1."""
     import forge_bridge as fb
-    from forge_bridge.app.tasks.functions import check_call, score_call
+    from forge_bridge.app.tasks.functions import argument_verdicts, check_call, score_call
+    from forge_bridge.policies.call_spans import reward_arguments
 
     agent = build_agent(policy, task, temperature, max_tokens)
     try:
@@ -64,6 +68,9 @@ def attempt(policy, task, temperature: float, max_tokens: int, reward: str = "ex
     steps = fb.current_episode().trajectory.transitions
     if not steps:
         return 0.0
+    verdicts = argument_verdicts(task, steps[0].action.tool_calls) if credit == "argument" else None
+    if verdicts is not None:
+        reward_arguments(fb.current_episode(), policy.tokenizer, *verdicts, step=0)
     if reward == "partial":
         return score_call(task, steps[0].action.tool_calls)
     return 1.0 if check_call(task, steps[0].action.tool_calls) else 0.0
@@ -142,7 +149,7 @@ def run_seed(seed: int, args) -> dict:
     report = report[:args.eval_tasks]
     rng = random.Random(seed)
     policy = fb.LocalPolicy(args.model, max_batch=args.concurrency)
-    result: dict = {"seed": seed, "split": args.split, "reward": args.reward}
+    result: dict = {"seed": seed, "split": args.split, "reward": args.reward, "credit": args.credit}
     t0 = time.perf_counter()
 
     # demonstrations: the exact call, then a short answer, through the same agent
@@ -159,7 +166,7 @@ def run_seed(seed: int, args) -> dict:
             ep.reward(attempt(scripted, task, 0.0, args.max_tokens))
     demos = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
-        group_size=args.group_size, lr=args.lr, baseline=args.baseline, warmup_steps=2, minibatch_size=128, microbatch_size=8,
+        group_size=args.group_size, lr=args.lr, baseline=args.baseline, span_weight=args.span_weight, warmup_steps=2, minibatch_size=128, microbatch_size=8,
         concurrency=args.concurrency, max_seq_len=1024, merge_steps=True, run_name="fc",
         out_dir=str(out / "run"), seed=seed, progress=not args.quiet), recorder=fb.Recorder(store))
     sft = supervised_finetune(trainer, demos, SFTConfig(epochs=args.sft_epochs, lr=args.sft_lr, batch_size=8))
@@ -169,7 +176,7 @@ def run_seed(seed: int, args) -> dict:
     print(f"seed {seed}: SFT {result['SFT']:.2f} on {len(report)} {args.split} requests", flush=True)
 
     def rollout(task) -> float:
-        return attempt(policy, task, args.temperature, args.max_tokens, args.reward)
+        return attempt(policy, task, args.temperature, args.max_tokens, args.reward, args.credit)
 
     def schedule(it: int):
         return random.Random(seed * 100_003 + it).sample(train, args.tasks_per_iteration)
@@ -207,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--reward", choices=("exact", "partial"), default="partial",
                    help="RL reward: the exact check (pass/fail) or the share of arguments right")
+    p.add_argument("--credit", choices=("call", "argument"), default="call",
+                   help="the call's advantage on all its tokens, or also +1/-1 on each argument's tokens "
+                        "(and on the tokens that close the arguments)")
+    p.add_argument("--span-weight", type=float, default=1.0, help="weight of the argument spans' rewards "
+                   "in their tokens' advantages (with --credit argument)")
     p.add_argument("--baseline", choices=("group", "batch"), default="group")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--max-tokens", type=int, default=96)

@@ -18,6 +18,11 @@ The combined advantage is A_episode + omega * A_step; a step with no sibling has
 term. Returns are never compared across different states, so rollouts of unequal length are
 never compared across different decisions. PPO uses GAE over steps with a value per step, and
 bootstraps V(s_T) after a truncated episode (0 after a terminated one).
+
+Below the step, a span reward (`Episode.span_reward`: a value on a range of one completion's
+tokens, e.g. +1 on an argument the call got right, -1 on one it should not have written) is added
+to those tokens' advantage times `span_weight`, so one call's right and wrong parts are pushed
+apart instead of all its tokens the same way.
 """
 
 from __future__ import annotations
@@ -112,6 +117,17 @@ def combine(episode: torch.Tensor, step: torch.Tensor, has_sibling: torch.Tensor
     """A_t = A_episode + omega * A_step,t where step t has a sibling, else A_episode.
     episode: scalar, step and has_sibling: [S] -> [S]."""
     return episode + omega * step * has_sibling.to(step.dtype)
+
+
+def token_advantages(step_advantage: float, n_tokens: int, spans: Sequence[Sequence[float]],
+                     span_weight: float) -> torch.Tensor:
+    """The advantage of each completion token of one step: the step's, plus `span_weight` times
+    the reward of every span ([start, end, value], `Episode.span_reward`) the token lies in.
+    -> [n_tokens]."""
+    adv = torch.full((n_tokens,), float(step_advantage))
+    for start, end, value in spans:
+        adv[int(start):int(end)] += span_weight * float(value)
+    return adv
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float,

@@ -4,7 +4,7 @@ One sample per model call: `prompt_token_ids + completion_token_ids`, trained on
 only. Consecutive calls of a trajectory may be merged into one sequence when the next prompt
 extends the previous prompt + completion exactly (the tokens in between, tool results, are not
 trained on). Token p of a sample carries the behaviour logprob and the advantage of the step
-that produced it, and the sample the temperature its tokens were sampled at (the trainer scores
+that produced it (plus `span_weight` times the span rewards it lies in), and the sample the temperature its tokens were sampled at (the trainer scores
 them at that temperature). A sequence over the length limit keeps its first `max_len` tokens and is
 flagged; one whose completion would be cut away entirely is left out and counted, never dropped
 silently.
@@ -17,7 +17,8 @@ from typing import Sequence
 
 import torch
 
-from forge_bridge.core.types import Trajectory
+from forge_bridge.core.types import Trajectory, Transition
+from forge_bridge.trainer.advantages import token_advantages
 
 
 @dataclass
@@ -61,8 +62,11 @@ class BatchStats:
 
 def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[torch.Tensor],
                   max_len: int, merge: bool = False,
-                  step_returns: Sequence[torch.Tensor] | None = None) -> tuple[list[Sample], BatchStats]:
-    """trajectories[i] has S_i steps; step_advantages[i] (and step_returns[i]) are [S_i]."""
+                  step_returns: Sequence[torch.Tensor] | None = None, span_weight: float = 0.0
+                  ) -> tuple[list[Sample], BatchStats]:
+    """trajectories[i] has S_i steps; step_advantages[i] (and step_returns[i]) are [S_i].
+    `span_weight` scales the steps' span rewards (`info['span_rewards']`) into their tokens'
+    advantages (0: the step's advantage on every token)."""
     samples: list[Sample] = []
     stats = BatchStats()
     for i, traj in enumerate(trajectories):
@@ -72,7 +76,8 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
                 stats.untrainable_steps += 1
                 current = None
                 continue
-            adv = float(step_advantages[i][s])
+            adv = token_advantages(float(step_advantages[i][s]), len(step.completion_token_ids),
+                                   span_rewards(step), span_weight).tolist()
             ret = float(step_returns[i][s]) if step_returns is not None else 0.0
             prompt, completion = step.prompt_token_ids, step.completion_token_ids
             temperature = scoring_temperature(step.temperature)
@@ -85,7 +90,7 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
                 current.input_ids += gap + completion
                 current.loss_mask += [0] * len(gap) + [1] * len(completion)
                 current.sampler_logprobs += [0.0] * len(gap) + list(step.completion_logprobs)
-                current.advantages += [0.0] * len(gap) + [adv] * len(completion)
+                current.advantages += [0.0] * len(gap) + adv
                 current.returns.append(ret)
                 current.steps.append((traj.id, s))
                 stats.merged_steps += 1
@@ -93,7 +98,7 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
             current = Sample(input_ids=list(prompt) + list(completion),
                              loss_mask=[0] * len(prompt) + [1] * len(completion),
                              sampler_logprobs=[0.0] * len(prompt) + list(step.completion_logprobs),
-                             advantages=[0.0] * len(prompt) + [adv] * len(completion),
+                             advantages=[0.0] * len(prompt) + adv,
                              value_positions=[len(prompt) - 1], returns=[ret], steps=[(traj.id, s)],
                              spans=[(len(prompt), len(prompt) + len(completion))], temperature=temperature)
             samples.append(current)
@@ -115,6 +120,11 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
     stats.samples = len(kept)
     stats.trained_tokens = sum(sum(s.loss_mask) for s in kept)
     return kept, stats
+
+
+def span_rewards(step: Transition) -> list[list[float]]:
+    """The [start, end, value] span rewards recorded on a step (`Episode.span_reward`)."""
+    return step.info.get("span_rewards", [])
 
 
 def trained_tokens_per_step(samples: Sequence[Sample]) -> dict[tuple[str, int], int]:

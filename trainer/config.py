@@ -27,6 +27,8 @@ class TrainerConfig:
 
     gamma: float = 0.95
     """Discount over the model calls of a trajectory: G_t = r_t + gamma * G_{t+1}."""
+    span_weight: float = 1.0
+    """Weight of span rewards (`Episode.span_reward`) added to their tokens' advantages (0: ignore them)."""
     group_size: int = 8
     """Rollouts per task per iteration (GRPO's group)."""
     tasks_per_iteration: int | None = None
@@ -93,6 +95,8 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         _check(_number(self.gamma) and 0 <= self.gamma <= 1, "gamma", "a number in [0, 1]", self.gamma)
+        _check(_number(self.span_weight) and self.span_weight >= 0, "span_weight", "a number >= 0",
+               self.span_weight)
         for name in ("group_size", "concurrency", "epochs", "minibatch_size", "lora_rank",
                      "lora_alpha", "max_seq_len"):
             value = getattr(self, name)

@@ -23,7 +23,7 @@ from forge_bridge.trainer.advantages import (
     episode_advantages,
     step_rewards,
 )
-from forge_bridge.trainer.batch import build_samples
+from forge_bridge.trainer.batch import build_samples, span_rewards
 from forge_bridge.trainer.config import GRPOConfig
 from forge_bridge.trainer.loop import Trainer
 
@@ -73,6 +73,11 @@ def grpo_advantages(groups: Sequence[TrajectoryGroup], config: GRPOConfig) -> li
     return out
 
 
+def has_span_signal(group: TrajectoryGroup) -> bool:
+    """Whether any step of the group carries a nonzero span reward."""
+    return any(value != 0 for t in group.trajectories for s in t.transitions for _, _, value in span_rewards(s))
+
+
 class GRPOTrainer(Trainer):
     config: GRPOConfig
 
@@ -81,14 +86,17 @@ class GRPOTrainer(Trainer):
         self.remember_advantages([t for g in groups for t in g.trajectories], [a for advs in advantages for a in advs])
         if self.config.skip_uniform_groups and self.config.baseline == "group":
             # a group whose every advantage is 0 says nothing against its own rollouts
-            signal = [any(a.numel() > 0 and float(a.abs().max()) > 1e-6 for a in advs) for advs in advantages]
+            # (unless its span rewards still tell right parts of a call from wrong ones)
+            signal = [any(a.numel() > 0 and float(a.abs().max()) > 1e-6 for a in advs)
+                      or (self.config.span_weight > 0 and has_span_signal(g)) for g, advs in zip(groups, advantages)]
             kept = [g for g, s in zip(groups, signal) if s]
             advantages = [a for a, s in zip(advantages, signal) if s]
         else:
             kept = list(groups)
         trajectories = [t for group in kept for t in group.trajectories]
         flat = [a for group in advantages for a in group]
-        samples, stats = build_samples(trajectories, flat, self.config.max_seq_len, self.config.merge_steps)
+        samples, stats = build_samples(trajectories, flat, self.config.max_seq_len, self.config.merge_steps,
+                                       span_weight=self.config.span_weight)
         first = [float(a[0]) for a in flat if len(a)]
         return samples, stats, {"groups_trained": len(kept), "groups_uniform": len(groups) - len(kept),
                                 "advantage_abs_mean_step0": sum(map(abs, first)) / max(len(first), 1)}

@@ -116,7 +116,7 @@ class PPOTrainer(Trainer):
                                     [float(v[-1]) if len(v) else 0.0 for v in per_step])  # V(s_T) ~ V(s_{T-1})
         self.remember_advantages(trajs, advs)
         samples, stats = build_samples(trajs, advs, self.config.max_seq_len, self.config.merge_steps,
-                                       step_returns=rets)
+                                       step_returns=rets, span_weight=self.config.span_weight)
         return samples, stats, {"value_mean": sum(values.values()) / max(len(values), 1)}
 
     def loss(self, logp, hidden, batch):

@@ -214,6 +214,22 @@ class Episode:
         index = step % len(self._traj.transitions)
         self.update(index, lambda t: setattr(t, "reward", t.reward + float(value)))
 
+    def span_reward(self, value: float, start: int, end: int, step: int = -1) -> None:
+        """A reward on completion tokens [start, end) of one step (the latest by default): the
+        trainer adds `span_weight * value` to those tokens' advantage, on top of the step's, so
+        the part of a call that was right (or wrong) is pushed apart from the rest. Recorded in
+        `info['span_rewards']` as [start, end, value]; use values centred on 0 (e.g. +1 / -1)."""
+        if not self._traj.transitions:
+            raise InvalidArgument("span_reward: no step has been recorded in this episode yet")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise InvalidArgument(f"span_reward: expected a finite number, got {value!r}")
+        index = step % len(self._traj.transitions)
+        n = len(self._traj.transitions[index].completion_token_ids)
+        if not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end <= n):
+            raise InvalidArgument(f"span_reward: expected 0 <= start < end <= {n} (the step's completion "
+                                  f"tokens), got start={start!r}, end={end!r}")
+        self.update(index, lambda t: t.info.setdefault("span_rewards", []).append([start, end, float(value)]))
+
     def mark_end(self, reason: str, detail: str) -> None:
         """Say how this episode will end, before it does (see `types.END_REASONS`): a limit cut
         it (`truncated`), the model failed on its own (`policy_fault`), the policy was out

@@ -5,6 +5,7 @@ import json
 from forge_bridge.app.tasks.functions import (
     CALL_ERRORS,
     FunctionTask,
+    argument_verdicts,
     call_error,
     check_call,
     expert_call,
@@ -115,3 +116,19 @@ def test_the_expert_call_parses_and_passes():
     for task in generate_suite(40, seed=5):
         action = parse_hermes(expert_call(task), "stop")
         assert not action.malformed and check_call(task, action.tool_calls), task.id
+
+
+def test_argument_verdicts_say_which_arguments_were_right_and_whether_one_is_missing():
+    tool = {"type": "function", "function": {"name": "book_flight", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "seats": {"type": "integer"}, "note": {"type": "string"}}, "required": ["city"]}}}
+    task = FunctionTask("book_flight-0", tool, "Book 2 seats to Oslo.", {"city": "Oslo", "seats": 2})
+
+    def call(args, name="book_flight"):
+        return [ToolCall("c1", name, json.dumps(args))]
+
+    assert argument_verdicts(task, call(task.expected)) == ({"city": True, "seats": True}, False)
+    assert argument_verdicts(task, call({"city": "Oslo", "seats": 2.0, "note": "x"})) == (
+        {"city": True, "seats": False, "note": False}, False)
+    assert argument_verdicts(task, call({"city": "Oslo"})) == ({"city": True}, True)
+    assert argument_verdicts(task, call(task.expected, name="book_hotel")) is None
+    assert argument_verdicts(task, [ToolCall("c1", "book_flight", "{not json")]) is None

@@ -72,9 +72,10 @@ def test_imports_between_layers_go_one_way():
 BUILTIN_ERRORS = {"Exception", "ValueError", "TypeError", "RuntimeError", "KeyError", "LookupError",
                   "NotImplementedError", "OSError", "IndexError", "AttributeError"}
 RAISED_AND_CAUGHT_INSIDE = {("adapters/crewai.py", "KeyError"), ("forge_bridge/core/atomic.py", "OSError"),
-                            ("forge_bridge/scale/__init__.py", "AttributeError")}
+                            ("forge_bridge/scale/__init__.py", "AttributeError"),
+                            ("forge_bridge/policies/call_spans.py", "ValueError")}
 """Raised and handled where they are raised (a tool run's error result; the fallback when the
-file system has no atomic exchange), never out of the library; and the AttributeError a module's
+file system has no atomic exchange; a malformed call whose argument spans are not found), never out of the library; and the AttributeError a module's
 lazy `__getattr__` must raise for a name it does not have (Python's protocol)."""
 
 

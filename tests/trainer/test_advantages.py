@@ -11,6 +11,7 @@ from forge_bridge.trainer.advantages import (
     episode_advantages,
     gae,
     step_rewards,
+    token_advantages,
 )
 from forge_bridge.trainer.config import GRPOConfig
 from forge_bridge.trainer.grpo import grpo_advantages
@@ -168,3 +169,28 @@ def test_gae_bootstraps_by_hand():
     assert close(adv, [0.148, 0.12]) and close(ret, [0.648, 0.72])
     adv, _ = gae(torch.tensor([0.0, 0.0]), torch.tensor([0.5, 0.6]), 0.9, 1.0)  # terminated: V = 0
     assert close(adv, [0.04 - 0.9 * 0.6, -0.6])
+
+
+def test_span_rewards_add_to_their_tokens_advantage_only():
+    adv = token_advantages(0.5, 6, [[1, 3, 1.0], [3, 5, -1.0], [4, 6, -2.0]], span_weight=0.25)
+    # token 0: 0.5; 1-2: 0.5 + 0.25; 3: 0.5 - 0.25; 4: 0.5 - 0.25 - 0.5; 5: 0.5 - 0.5
+    assert close(adv, [0.5, 0.75, 0.75, 0.25, -0.25, 0.0])
+    assert close(token_advantages(-1.0, 3, [[0, 3, 1.0]], span_weight=0.0), [-1.0, -1.0, -1.0])
+
+
+def test_a_group_with_equal_rewards_is_still_trained_when_its_span_rewards_differ(tmp_path):
+    from forge_bridge.trainer.grpo import GRPOTrainer
+
+    right = Trajectory(transitions=[step([1, 2], [7, 8, 9], span_rewards=[[0, 2, 1.0]])], reward=0.5, group_id="g")
+    wrong = Trajectory(transitions=[step([1, 2], [7, 5, 9], span_rewards=[[0, 2, -1.0]])], reward=0.5, group_id="g")
+    groups = [TrajectoryGroup("g", None, [right, wrong])]
+    trainer = GRPOTrainer.__new__(GRPOTrainer)  # prepare() reads only the config and remembers advantages
+    trainer.config = GRPOConfig(span_weight=0.5)
+    samples, _, info = trainer.prepare(groups)
+    assert info["groups_trained"] == 1
+    assert [s.advantages[2:] for s in samples] == [[0.5, 0.5, 0.0], [-0.5, -0.5, 0.0]]
+    trainer.config = GRPOConfig(span_weight=0.0)
+    samples, _, info = trainer.prepare(groups)
+    assert info["groups_trained"] == 0 and samples == []
+    with pytest.raises(ValueError, match="span_weight: expected a number >= 0"):
+        GRPOConfig(span_weight=-1.0)

@@ -179,6 +179,18 @@ def score_call(task: FunctionTask, tool_calls: Sequence[Any]) -> float:
     return right / len(names)
 
 
+def argument_verdicts(task: FunctionTask, tool_calls: Sequence[Any]) -> tuple[dict[str, bool], bool] | None:
+    """Per argument the one call of the task's function wrote: whether it is exactly the expected
+    one (False for a wrong value and for an argument not asked for); and whether an expected
+    argument is missing. None unless `score_call` could score the call (one call of the task's
+    function with a JSON object of arguments)."""
+    args = _arguments_of_the_one_call(task, tool_calls)
+    if not isinstance(args, dict):
+        return None
+    verdicts = {k: k in task.expected and _same(v, task.expected[k]) for k, v in args.items()}
+    return verdicts, bool(set(task.expected) - set(args))
+
+
 CALL_ERRORS = ("pass", "extra argument", "missing argument", "other key set", "wrong value", "malformed")
 """What `call_error` names, in the order reports print them."""
 
@@ -234,5 +246,5 @@ def expert_call(task: FunctionTask) -> str:
             + "\n</tool_call>")
 
 
-__all__ = ["CALL_ERRORS", "FunctionTask", "call_error", "check_call", "expert_call", "generate_suite", "score_call",
-           "split_by_function"]
+__all__ = ["CALL_ERRORS", "FunctionTask", "argument_verdicts", "call_error", "check_call", "expert_call",
+           "generate_suite", "score_call", "split_by_function"]

@@ -1,0 +1,72 @@
+"""Per-argument spans of a Hermes call, in characters and in tokens, and the span rewards they carry."""
+
+import pytest
+
+import forge_bridge as fb
+from forge_bridge.core.store import TrajectoryStore
+from forge_bridge.core.types import Action, Observation, Transition
+from forge_bridge.policies.call_spans import argument_char_spans, argument_token_spans, reward_arguments
+
+CALL = '<tool_call>\n{"name": "f", "arguments": {"a": 1, "b": "x"}}\n</tool_call>'
+
+
+class PieceTokenizer:
+    """A tokenizer whose token k is the string pieces[k]."""
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(self.pieces[i] for i in ids)
+
+
+def test_each_argument_span_runs_from_the_end_of_the_previous_value_through_its_own():
+    spans = argument_char_spans(CALL)
+    assert {k: CALL[a:b] for k, (a, b) in spans.arguments.items()} == {"a": '"a": 1', "b": ', "b": "x"'}
+    assert CALL[slice(*spans.close)] == "}"
+    spaced = '<tool_call> {"name":"f","arguments": { "a" : [1, {"c": "}"}] ,"b":null } }</tool_call>'
+    spans = argument_char_spans(spaced)
+    assert {k: spaced[a:b] for k, (a, b) in spans.arguments.items()} == {
+        "a": ' "a" : [1, {"c": "}"}]', "b": ' ,"b":null'}
+    assert spaced[slice(*spans.close)] == " }"
+    empty = '<tool_call>{"name": "ping", "arguments": {}}</tool_call>'
+    spans = argument_char_spans(empty)
+    assert spans.arguments == {} and empty[slice(*spans.close)] == "}"
+
+
+@pytest.mark.parametrize("text", ["no call here", '<tool_call>{"name": "f", "arguments": {"a": 1,',
+                                  '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>',
+                                  '<tool_call>{"name": "f"}</tool_call>', '<tool_call>{"name": "f", "arguments": {"a" 1}}'])
+def test_no_spans_without_a_well_formed_call(text):
+    assert argument_char_spans(text) is None
+
+
+def test_a_token_belongs_to_the_argument_that_holds_its_last_character_and_close_to_the_brace():
+    pieces = ['<tool_call>{"name": "f", "arguments": {', '"a', '":', ' 1', ',', ' "b', '":', ' "x', '",',
+              ' "c', '": 2', '}}', '</tool_call>']
+    tok = PieceTokenizer(pieces)
+    spans = argument_token_spans(tok, list(range(len(pieces))))
+    # "a": tokens 1-3; "b": 4-8 (`",` ends "x" and starts c: it is c's); "c": 8-10; close: `}}`
+    assert spans.arguments == {"a": (1, 4), "b": (4, 8), "c": (8, 11)} and spans.close == (11, 12)
+    assert argument_token_spans(tok, [0, 1, 2]) is None
+
+
+def test_span_rewards_are_recorded_validated_stored_and_given_per_argument(tmp_path):
+    pieces = ['<tool_call>{"name": "f", "arguments": {', '"a', '":', ' 1', ',', ' "b', '":', ' "x"', '}}',
+              '</tool_call>']
+    ids = list(range(len(pieces)))
+    store = TrajectoryStore(tmp_path / "t.db")
+    with fb.episode("t", recorder=fb.Recorder(store, "r")) as ep:
+        with pytest.raises(ValueError, match="no step has been recorded"):
+            ep.span_reward(1.0, 0, 1)
+        ep.record(Transition(observation=Observation(messages=[{"role": "user", "content": "q"}]),
+                             action=Action(content=""), prompt_token_ids=[1], completion_token_ids=ids,
+                             completion_logprobs=[-0.1] * len(ids)))
+        for bad in ((1.0, 3, 3), (1.0, -1, 2), (1.0, 0, 11), (float("nan"), 0, 1), (True, 0, 1)):
+            with pytest.raises(ValueError, match="span_reward"):
+                ep.span_reward(*bad)
+        # "a" right, "b" a wrong value, and an argument missing: close -1
+        assert reward_arguments(ep, PieceTokenizer(pieces), {"a": True, "b": False}, missing=True, step=0) == 3
+    (step,) = store.get(ep.id).transitions
+    assert step.info["span_rewards"] == [[1, 4, 1.0], [4, 8, -1.0], [8, 9, -1.0]]
+    store.close()
