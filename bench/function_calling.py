@@ -166,7 +166,8 @@ def run_seed(seed: int, args) -> dict:
             ep.reward(attempt(scripted, task, 0.0, args.max_tokens))
     demos = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
-        group_size=args.group_size, lr=args.lr, baseline=args.baseline, span_weight=args.span_weight, warmup_steps=2, minibatch_size=128, microbatch_size=8,
+        group_size=args.group_size, lr=args.lr, baseline=args.baseline, span_weight=args.span_weight,
+        warmup_steps=2, minibatch_size=128, microbatch_size=8,
         concurrency=args.concurrency, max_seq_len=1024, merge_steps=True, run_name="fc",
         out_dir=str(out / "run"), seed=seed, progress=not args.quiet), recorder=fb.Recorder(store))
     sft = supervised_finetune(trainer, demos, SFTConfig(epochs=args.sft_epochs, lr=args.sft_lr, batch_size=8))

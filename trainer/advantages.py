@@ -126,6 +126,9 @@ def token_advantages(step_advantage: float, n_tokens: int, spans: Sequence[Seque
     -> [n_tokens]."""
     adv = torch.full((n_tokens,), float(step_advantage))
     for start, end, value in spans:
+        if not 0 <= start < end <= n_tokens:
+            raise InvalidArgument(f"span reward [{start}, {end}, {value}]: expected 0 <= start < end <= "
+                                  f"{n_tokens} (the step's completion tokens)")
         adv[int(start):int(end)] += span_weight * float(value)
     return adv
 

@@ -4,8 +4,8 @@ One sample per model call: `prompt_token_ids + completion_token_ids`, trained on
 only. Consecutive calls of a trajectory may be merged into one sequence when the next prompt
 extends the previous prompt + completion exactly (the tokens in between, tool results, are not
 trained on). Token p of a sample carries the behaviour logprob and the advantage of the step
-that produced it (plus `span_weight` times the span rewards it lies in), and the sample the temperature its tokens were sampled at (the trainer scores
-them at that temperature). A sequence over the length limit keeps its first `max_len` tokens and is
+that produced it (plus `span_weight` times the span rewards it lies in), and the sample the
+temperature its tokens were sampled at (the trainer scores them at that temperature). A sequence over the length limit keeps its first `max_len` tokens and is
 flagged; one whose completion would be cut away entirely is left out and counted, never dropped
 silently.
 """

@@ -75,8 +75,9 @@ class TrainerConfig:
     success_threshold: float = 1.0
     """A rollout whose reward reaches this counts as a success in the metrics."""
     skip_uniform_groups: bool = True
-    """GRPO with the group baseline: leave out groups whose every advantage is 0 (no signal against
-    their own group; keep them when the KL term should hold their prompts near the reference)."""
+    """GRPO with the group baseline: leave out groups whose every advantage is 0 and whose span
+    rewards do not differ (no signal against their own group; keep them when the KL term should
+    hold their prompts near the reference)."""
     device: str = "auto"
     """Where the update runs: 'auto' (CUDA, then MPS, then CPU), 'cpu', 'cuda', 'cuda:N' or 'mps'."""
     bf16: bool | None = None

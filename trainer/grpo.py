@@ -74,8 +74,9 @@ def grpo_advantages(groups: Sequence[TrajectoryGroup], config: GRPOConfig) -> li
 
 
 def has_span_signal(group: TrajectoryGroup) -> bool:
-    """Whether any step of the group carries a nonzero span reward."""
-    return any(value != 0 for t in group.trajectories for s in t.transitions for _, _, value in span_rewards(s))
+    """Whether the group's rollouts differ in their span rewards (the values, in recorded order):
+    rollouts rewarded alike, all right say, say nothing against each other."""
+    return len({tuple(v for s in t.transitions for _, _, v in span_rewards(s)) for t in group.trajectories}) > 1
 
 
 class GRPOTrainer(Trainer):
@@ -86,9 +87,10 @@ class GRPOTrainer(Trainer):
         self.remember_advantages([t for g in groups for t in g.trajectories], [a for advs in advantages for a in advs])
         if self.config.skip_uniform_groups and self.config.baseline == "group":
             # a group whose every advantage is 0 says nothing against its own rollouts
-            # (unless its span rewards still tell right parts of a call from wrong ones)
+            # (unless its span rewards differ: they still tell right parts of a call from wrong ones)
             signal = [any(a.numel() > 0 and float(a.abs().max()) > 1e-6 for a in advs)
-                      or (self.config.span_weight > 0 and has_span_signal(g)) for g, advs in zip(groups, advantages)]
+                      or (self.config.span_weight > 0 and has_span_signal(g))
+                      for g, advs in zip(groups, advantages)]
             kept = [g for g, s in zip(groups, signal) if s]
             advantages = [a for a, s in zip(advantages, signal) if s]
         else:

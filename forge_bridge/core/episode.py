@@ -225,7 +225,7 @@ class Episode:
             raise InvalidArgument(f"span_reward: expected a finite number, got {value!r}")
         index = step % len(self._traj.transitions)
         n = len(self._traj.transitions[index].completion_token_ids)
-        if not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end <= n):
+        if not (all(isinstance(x, int) and not isinstance(x, bool) for x in (start, end)) and 0 <= start < end <= n):
             raise InvalidArgument(f"span_reward: expected 0 <= start < end <= {n} (the step's completion "
                                   f"tokens), got start={start!r}, end={end!r}")
         self.update(index, lambda t: t.info.setdefault("span_rewards", []).append([start, end, float(value)]))

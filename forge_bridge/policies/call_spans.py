@@ -2,14 +2,15 @@
 argument rather than the whole call (`Episode.span_reward`).
 
     <tool_call>{"name": "f", "arguments": {"a": 1, "b": "x"}}</tool_call>
-                                          ^^^^^^^^               "a": from after `{` to the end of 1
-                                                  ^^^^^^^^^      "b": from after 1 (the `,` included) to the end of "x"
-                                                           ^     close: from after "x" through the `}`
+                                           ^^^^^^                 "a": from after `{` to the end of 1
+                                                 ^^^^^^^^^^       "b": from after 1 (its `,` included) to the end of "x"
+                                                           ^      close: from after "x" through the `}`
 
 An argument's span starts where the previous one ended, so it holds the decision to write it (the
-`,` or the first key); `close` holds the decision to stop writing arguments. In tokens, a token
-belongs to the argument span that holds its last character (`",`, ending a value and starting
-another, is the next argument's), and `close` runs through the token that writes the `}`.
+`,` or the first key); `close` holds the decision to stop writing arguments. The call is the one
+the Hermes parser reads: the first `<tool_call>` block after any reasoning block that parses. In
+tokens, a span holds every token that writes one of its characters, so a token that ends one
+value and starts the next argument (`",`) is in both spans and gets both rewards.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from forge_bridge.core.errors import InvalidArgument
+from forge_bridge.policies.toolcalls import _BLOCK, _parse_one, split_reasoning
+
 _DECODER = json.JSONDecoder()
-_OPEN = "<tool_call>"
 
 
 @dataclass(frozen=True)
@@ -69,68 +72,71 @@ def _members(text: str, i: int) -> tuple[list[tuple[str, int, int, int]], int]:
 
 
 def argument_char_spans(text: str) -> CallSpans | None:
-    """The character spans of the first `<tool_call>`'s arguments in `text`; None when it has no
-    such call, or its JSON (up to the arguments' closing `}`) is malformed, or its arguments are not
-    an object."""
-    at = text.find(_OPEN)
-    if at < 0:
-        return None
-    try:
-        outer, _ = _members(text, _skip_space(text, at + len(_OPEN)))
-        found = [m for m in outer if m[0] in ("arguments", "parameters")]
-        if not found:
-            return None
-        members, close = _members(text, found[0][2])
-    except (ValueError, IndexError):
-        return None
-    spans = {key: (start, end) for key, start, _, end in members}
-    last = members[-1][3] if members else found[0][2] + 1
-    return CallSpans(spans, (last, close + 1))
+    """The character spans of the arguments of the call `parse_hermes` reads first in `text` (after
+    a reasoning block); None when no block parses or its arguments are not a JSON object."""
+    _, rest = split_reasoning(text)
+    offset = len(text) - len(rest)
+    for block in _BLOCK.finditer(rest):
+        try:
+            _parse_one(block.group(1).strip())
+        except ValueError:
+            continue  # the parser skips it too
+        try:
+            outer, _ = _members(text, _skip_space(text, offset + block.start(1)))
+            # json keeps the last of a repeated key; the parser prefers 'arguments' to 'parameters'
+            found = [m for m in outer if m[0] == "arguments"] or [m for m in outer if m[0] == "parameters"]
+            if not found:
+                return None
+            members, close = _members(text, found[-1][2])
+        except (ValueError, IndexError):
+            return None  # arguments given as a JSON string
+        spans = {key: (start, end) for key, start, _, end in members}
+        last = members[-1][3] if members else found[-1][2] + 1
+        return CallSpans(spans, (last, close + 1))
+    return None
 
 
 def token_ends(tokenizer: Any, token_ids: Sequence[int]) -> tuple[str, list[int]]:
-    """The decoded completion and, per token, the end of its text in it (special tokens kept, as
-    the embedded policy decodes tool calls)."""
-    text = tokenizer.decode(list(token_ids), skip_special_tokens=False)
+    """The decoded completion (special tokens kept) and, per token, the end of its text in it."""
+    def decode(ids: Sequence[int]) -> str:
+        return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    text = decode(token_ids)
     ends, previous = [], 0
     for k in range(len(token_ids)):
-        previous = max(previous, min(len(tokenizer.decode(list(token_ids[:k + 1]), skip_special_tokens=False)),
-                                     len(text)))
+        previous = max(previous, min(len(decode(token_ids[:k + 1])), len(text)))
         ends.append(previous)
     return text, ends
 
 
 def argument_token_spans(tokenizer: Any, token_ids: Sequence[int]) -> CallSpans | None:
-    """`argument_char_spans` of the decoded completion, as token spans (a token in the span that
-    holds its last character); None where there is no well-formed call. Spans that hold no whole
-    token's end are left out."""
+    """`argument_char_spans` of the decoded completion, as token spans: each holds every token that
+    writes one of its characters. None where there is no well-formed call."""
     text, ends = token_ends(tokenizer, token_ids)
     spans = argument_char_spans(text)
     if spans is None:
         return None
 
-    def tokens(span: tuple[int, int]) -> tuple[int, int]:  # tokens k with start < ends[k] <= end
-        return bisect.bisect_right(ends, span[0]), bisect.bisect_right(ends, span[1])
+    def tokens(span: tuple[int, int]) -> tuple[int, int]:  # tokens k with ends[k] > start and ends[k-1] < end
+        return bisect.bisect_right(ends, span[0]), min(bisect.bisect_left(ends, span[1]) + 1, len(ends))
 
-    arguments = {k: tokens(s) for k, s in spans.arguments.items()}
-    brace = spans.close[1] - 1  # the token that writes the arguments' `}` (`}}` closes the call too)
-    close = (bisect.bisect_right(ends, spans.close[0]), min(bisect.bisect_right(ends, brace) + 1, len(ends)))
-    return CallSpans({k: s for k, s in arguments.items() if s[0] < s[1]}, close)
+    return CallSpans({k: tokens(s) for k, s in spans.arguments.items()}, tokens(spans.close))
 
 
 def reward_arguments(episode: Any, tokenizer: Any, verdicts: dict[str, bool], missing: bool, step: int = -1) -> int:
     """Per-argument credit on a step's first tool call: +1 on the span of each argument `verdicts`
     calls right, -1 on each it calls wrong (a wrong value, or an argument that should not be
     there), and on `close` -1 when an argument is `missing` (it stopped too early), else +1.
-    Arguments the completion's text does not show are skipped; returns how many spans were
-    rewarded (0 where the completion holds no well-formed call)."""
-    transition = episode.trajectory.transitions[step]
-    spans = argument_token_spans(tokenizer, transition.completion_token_ids)
-    if spans is None:
-        return 0
-    rewarded = [(1.0 if ok else -1.0, spans.arguments[name]) for name, ok in verdicts.items() if name in spans.arguments]
-    if spans.close[0] < spans.close[1]:
-        rewarded.append((-1.0 if missing else 1.0, spans.close))
+    Returns how many spans were rewarded: 0 where the completion holds no well-formed call, or
+    its arguments are not those `verdicts` names."""
+    steps = episode.trajectory.transitions
+    if not -len(steps) <= step < len(steps):
+        raise InvalidArgument(f"reward_arguments: no step {step} in an episode of {len(steps)} steps")
+    spans = argument_token_spans(tokenizer, steps[step].completion_token_ids)
+    if spans is None or set(spans.arguments) != set(verdicts):
+        return 0  # not the call the verdicts judged: no span is rewarded rather than a wrong one
+    rewarded = [(1.0 if ok else -1.0, spans.arguments[name]) for name, ok in verdicts.items()]
+    rewarded.append((-1.0 if missing else 1.0, spans.close))
     for value, (start, end) in rewarded:
         episode.span_reward(value, start, end, step=step)
     return len(rewarded)

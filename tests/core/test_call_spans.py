@@ -6,6 +6,7 @@ import forge_bridge as fb
 from forge_bridge.core.store import TrajectoryStore
 from forge_bridge.core.types import Action, Observation, Transition
 from forge_bridge.policies.call_spans import argument_char_spans, argument_token_spans, reward_arguments
+from forge_bridge.policies.toolcalls import parse
 
 CALL = '<tool_call>\n{"name": "f", "arguments": {"a": 1, "b": "x"}}\n</tool_call>'
 
@@ -16,7 +17,7 @@ class PieceTokenizer:
     def __init__(self, pieces):
         self.pieces = pieces
 
-    def decode(self, ids, skip_special_tokens=False):
+    def decode(self, ids, **kwargs):
         return "".join(self.pieces[i] for i in ids)
 
 
@@ -41,14 +42,30 @@ def test_no_spans_without_a_well_formed_call(text):
     assert argument_char_spans(text) is None
 
 
-def test_a_token_belongs_to_the_argument_that_holds_its_last_character_and_close_to_the_brace():
+def test_the_spans_are_those_of_the_call_the_parser_reads():
+    # a draft call inside the reasoning block, and a first block that is not valid JSON, are skipped
+    text = ('<think><tool_call>{"name": "f", "arguments": {"z": 0}}</tool_call></think>'
+            '<tool_call>{"name": "f", "arguments": {"y": 1}}}</tool_call>' + CALL)
+    assert parse(text, "stop").tool_calls[0].arguments == '{"a": 1, "b": "x"}'
+    spans = argument_char_spans(text)
+    assert {k: text[a:b] for k, (a, b) in spans.arguments.items()} == {"a": '"a": 1', "b": ', "b": "x"'}
+    # a repeated key: json keeps the last; 'arguments' wins over 'parameters'
+    text = '<tool_call>{"name": "f", "arguments": {"a": 1}, "parameters": {"p": 0}, "arguments": {"b": 2}}</tool_call>'
+    assert list(argument_char_spans(text).arguments) == ["b"]
+
+
+def test_a_token_is_in_every_span_it_writes_a_character_of():
     pieces = ['<tool_call>{"name": "f", "arguments": {', '"a', '":', ' 1', ',', ' "b', '":', ' "x', '",',
               ' "c', '": 2', '}}', '</tool_call>']
     tok = PieceTokenizer(pieces)
     spans = argument_token_spans(tok, list(range(len(pieces))))
-    # "a": tokens 1-3; "b": 4-8 (`",` ends "x" and starts c: it is c's); "c": 8-10; close: `}}`
-    assert spans.arguments == {"a": (1, 4), "b": (4, 8), "c": (8, 11)} and spans.close == (11, 12)
+    # "a": tokens 1-3; "b": 4-8 (`",` ends "x" and starts c: in both); "c": 8-10; close: `}}`
+    assert spans.arguments == {"a": (1, 4), "b": (4, 9), "c": (8, 11)} and spans.close == (11, 12)
     assert argument_token_spans(tok, [0, 1, 2]) is None
+    # a value that is only punctuation keeps its tokens, and an empty token belongs to no span
+    pieces = ['<tool_call>{"name": "f", "arguments": {', '"a": ', '[]', '', ', "b": ""', '}}', '</tool_call>']
+    spans = argument_token_spans(PieceTokenizer(pieces), list(range(len(pieces))))
+    assert spans.arguments == {"a": (1, 3), "b": (4, 5)} and spans.close == (5, 6)
 
 
 def test_span_rewards_are_recorded_validated_stored_and_given_per_argument(tmp_path):
@@ -67,6 +84,10 @@ def test_span_rewards_are_recorded_validated_stored_and_given_per_argument(tmp_p
                 ep.span_reward(*bad)
         # "a" right, "b" a wrong value, and an argument missing: close -1
         assert reward_arguments(ep, PieceTokenizer(pieces), {"a": True, "b": False}, missing=True, step=0) == 3
+        # verdicts on other arguments than the text shows: nothing is rewarded
+        assert reward_arguments(ep, PieceTokenizer(pieces), {"a": True}, missing=False) == 0
+        with pytest.raises(ValueError, match="reward_arguments: no step 1"):
+            reward_arguments(ep, PieceTokenizer(pieces), {"a": True}, missing=False, step=1)
     (step,) = store.get(ep.id).transitions
     assert step.info["span_rewards"] == [[1, 4, 1.0], [4, 8, -1.0], [8, 9, -1.0]]
     store.close()

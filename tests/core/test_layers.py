@@ -75,8 +75,9 @@ RAISED_AND_CAUGHT_INSIDE = {("adapters/crewai.py", "KeyError"), ("forge_bridge/c
                             ("forge_bridge/scale/__init__.py", "AttributeError"),
                             ("forge_bridge/policies/call_spans.py", "ValueError")}
 """Raised and handled where they are raised (a tool run's error result; the fallback when the
-file system has no atomic exchange; a malformed call whose argument spans are not found), never out of the library; and the AttributeError a module's
-lazy `__getattr__` must raise for a name it does not have (Python's protocol)."""
+file system has no atomic exchange; a malformed call whose argument spans are not found), never
+out of the library; and the AttributeError a module's lazy `__getattr__` must raise for a name it
+does not have (Python's protocol)."""
 
 
 def test_every_error_the_library_raises_is_a_forge_bridge_error():

@@ -176,9 +176,12 @@ def test_span_rewards_add_to_their_tokens_advantage_only():
     # token 0: 0.5; 1-2: 0.5 + 0.25; 3: 0.5 - 0.25; 4: 0.5 - 0.25 - 0.5; 5: 0.5 - 0.5
     assert close(adv, [0.5, 0.75, 0.75, 0.25, -0.25, 0.0])
     assert close(token_advantages(-1.0, 3, [[0, 3, 1.0]], span_weight=0.0), [-1.0, -1.0, -1.0])
+    for bad in ([-1, 2, 1.0], [2, 2, 1.0], [0, 4, 1.0]):
+        with pytest.raises(ValueError, match="expected 0 <= start < end <= 3"):
+            token_advantages(0.0, 3, [bad], span_weight=1.0)
 
 
-def test_a_group_with_equal_rewards_is_still_trained_when_its_span_rewards_differ(tmp_path):
+def test_a_group_with_equal_rewards_is_still_trained_when_its_span_rewards_differ():
     from forge_bridge.trainer.grpo import GRPOTrainer
 
     right = Trajectory(transitions=[step([1, 2], [7, 8, 9], span_rewards=[[0, 2, 1.0]])], reward=0.5, group_id="g")
@@ -190,6 +193,11 @@ def test_a_group_with_equal_rewards_is_still_trained_when_its_span_rewards_diffe
     assert info["groups_trained"] == 1
     assert [s.advantages[2:] for s in samples] == [[0.5, 0.5, 0.0], [-0.5, -0.5, 0.0]]
     trainer.config = GRPOConfig(span_weight=0.0)
+    samples, _, info = trainer.prepare(groups)
+    assert info["groups_trained"] == 0 and samples == []
+    # span rewards alike (every rollout right): nothing to tell apart, the group is left out
+    wrong.transitions[0].info["span_rewards"] = [[0, 2, 1.0]]
+    trainer.config = GRPOConfig(span_weight=0.5)
     samples, _, info = trainer.prepare(groups)
     assert info["groups_trained"] == 0 and samples == []
     with pytest.raises(ValueError, match="span_weight: expected a number >= 0"):

@@ -76,3 +76,17 @@ def test_trained_tokens_stay_with_their_step_when_merged_steps_touch():
     samples, _ = build_samples([traj], [torch.tensor([1.0, 2.0, 3.0])], 64, merge=True)
     assert len(samples) == 1 and samples[0].loss_mask == [0, 0, 1, 1, 1, 1, 0, 1]
     assert trained_tokens_per_step(samples) == {(traj.id, 0): 2, (traj.id, 1): 2, (traj.id, 2): 1}
+
+
+def test_span_rewards_reach_their_tokens_through_merging_and_the_length_cut():
+    first = step([1, 2], [3, 4])
+    second = step([1, 2, 3, 4, 7], [8, 9, 10])
+    second.info["span_rewards"] = [[1, 3, -1.0], [0, 1, 2.0]]
+    traj = Trajectory(transitions=[first, second])
+    (sample,), _ = build_samples([traj], [torch.tensor([1.0, 0.5])], 64, merge=True, span_weight=0.5)
+    # prompt 1 2 | 3 4 (step 0: 1.0) | 7 (tool result) | 8 (0.5 + 1.0) 9 10 (0.5 - 0.5)
+    assert sample.advantages == [0, 0, 1.0, 1.0, 0, 1.5, 0.0, 0.0]
+    (cut,), stats = build_samples([traj], [torch.tensor([1.0, 0.5])], 7, merge=True, span_weight=0.5)
+    assert cut.advantages == [0, 0, 1.0, 1.0, 0, 1.5, 0.0] and stats.truncated == 1
+    (plain,), _ = build_samples([traj], [torch.tensor([1.0, 0.5])], 64, merge=True)  # span_weight 0
+    assert plain.advantages == [0, 0, 1.0, 1.0, 0, 0.5, 0.5, 0.5]
