@@ -167,6 +167,7 @@ def run_seed(seed: int, args) -> dict:
     demos = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
         group_size=args.group_size, lr=args.lr, baseline=args.baseline, span_weight=args.span_weight,
+        span_baseline=args.span_baseline,
         warmup_steps=2, minibatch_size=128, microbatch_size=8,
         concurrency=args.concurrency, max_seq_len=1024, merge_steps=True, run_name="fc",
         out_dir=str(out / "run"), seed=seed, progress=not args.quiet), recorder=fb.Recorder(store))
@@ -220,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(and on the tokens that close the arguments)")
     p.add_argument("--span-weight", type=float, default=1.0, help="weight of the argument spans' rewards "
                    "in their tokens' advantages (with --credit argument)")
+    p.add_argument("--span-baseline", choices=("none", "group"), default="none",
+                   help="the argument spans' rewards as given (+1/-1), or each minus its argument's mean "
+                        "in the group (with --credit argument)")
     p.add_argument("--baseline", choices=("group", "batch"), default="group")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--max-tokens", type=int, default=96)

@@ -22,7 +22,8 @@ bootstraps V(s_T) after a truncated episode (0 after a terminated one).
 Below the step, a span reward (`Episode.span_reward`: a value on a range of one completion's
 tokens, e.g. +1 on an argument the call got right, -1 on one it should not have written) is added
 to those tokens' advantage times `span_weight`, so one call's right and wrong parts are pushed
-apart instead of all its tokens the same way.
+apart instead of all its tokens the same way. Under GRPO they may be centred per key within the
+group first (`centre_span_rewards`), as returns are.
 """
 
 from __future__ import annotations
@@ -125,12 +126,29 @@ def token_advantages(step_advantage: float, n_tokens: int, spans: Sequence[Seque
     the reward of every span ([start, end, value], `Episode.span_reward`) the token lies in.
     -> [n_tokens]."""
     adv = torch.full((n_tokens,), float(step_advantage))
-    for start, end, value in spans:
+    for start, end, value, *_ in spans:
         if not 0 <= start < end <= n_tokens:
             raise InvalidArgument(f"span reward [{start}, {end}, {value}]: expected 0 <= start < end <= "
                                   f"{n_tokens} (the step's completion tokens)")
         adv[int(start):int(end)] += span_weight * float(value)
     return adv
+
+
+def centre_span_rewards(spans: Sequence[Sequence[Sequence[Sequence]]]) -> list[list[list[list]]]:
+    """The group baseline of span rewards: each keyed span [start, end, value, key] minus the mean
+    value of the spans with its key over all the rollouts given (any step); an unkeyed span
+    [start, end, value] keeps its value. Spans of a key that every rollout got alike become 0.
+
+    spans[i][t]: the spans of rollout i's step t -> the same nesting, centred."""
+    by_key: dict[str, list[float]] = {}
+    for rollout in spans:
+        for step in rollout:
+            for span in step:
+                if len(span) > 3:
+                    by_key.setdefault(span[3], []).append(float(span[2]))
+    mean = {key: sum(v) / len(v) for key, v in by_key.items()}
+    return [[[[s[0], s[1], float(s[2]) - mean[s[3]], s[3]] if len(s) > 3 else list(s) for s in step]
+             for step in rollout] for rollout in spans]
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float,

@@ -62,11 +62,11 @@ class BatchStats:
 
 def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[torch.Tensor],
                   max_len: int, merge: bool = False,
-                  step_returns: Sequence[torch.Tensor] | None = None, span_weight: float = 0.0
-                  ) -> tuple[list[Sample], BatchStats]:
+                  step_returns: Sequence[torch.Tensor] | None = None, span_weight: float = 0.0,
+                  step_spans: Sequence[Sequence[Sequence]] | None = None) -> tuple[list[Sample], BatchStats]:
     """trajectories[i] has S_i steps; step_advantages[i] (and step_returns[i]) are [S_i].
-    `span_weight` scales the steps' span rewards (`info['span_rewards']`) into their tokens'
-    advantages (0: the step's advantage on every token)."""
+    `span_weight` scales the steps' span rewards into their tokens' advantages (0: the step's
+    advantage on every token): `step_spans[i][t]` where given, else `info['span_rewards']`."""
     samples: list[Sample] = []
     stats = BatchStats()
     for i, traj in enumerate(trajectories):
@@ -76,8 +76,9 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
                 stats.untrainable_steps += 1
                 current = None
                 continue
-            adv = token_advantages(float(step_advantages[i][s]), len(step.completion_token_ids),
-                                   span_rewards(step), span_weight).tolist()
+            spans = step_spans[i][s] if step_spans is not None else span_rewards(step)
+            adv = token_advantages(float(step_advantages[i][s]), len(step.completion_token_ids), spans,
+                                   span_weight).tolist()
             ret = float(step_returns[i][s]) if step_returns is not None else 0.0
             prompt, completion = step.prompt_token_ids, step.completion_token_ids
             temperature = scoring_temperature(step.temperature)
@@ -123,7 +124,7 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
 
 
 def span_rewards(step: Transition) -> list[list[float]]:
-    """The [start, end, value] span rewards recorded on a step (`Episode.span_reward`)."""
+    """The span rewards recorded on a step (`Episode.span_reward`): [start, end, value(, key)]."""
     return step.info.get("span_rewards", [])
 
 

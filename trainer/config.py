@@ -155,10 +155,14 @@ class GRPOConfig(TrainerConfig):
     """What a return is compared with: 'group' (GRPO: the other rollouts of the same task) or
     'batch' (every rollout of the iteration: a task that all rollouts failed, or all passed,
     still says which behaviour to leave or keep, against the other tasks)."""
+    span_baseline: str = "none"
+    """Span rewards as recorded ('none'), or each keyed one minus the mean of its key's values over
+    the rollouts compared ('group': an argument every rollout got right gets no push)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.baseline in ("group", "batch"), "baseline", "'group' or 'batch'", self.baseline)
+        _check(self.span_baseline in ("none", "group"), "span_baseline", "'none' or 'group'", self.span_baseline)
         _check(self.credit in ("anchor", "trajectory"), "credit", "'anchor' or 'trajectory'", self.credit)
         _check(_number(self.step_weight) and self.step_weight >= 0, "step_weight", "a number >= 0",
                self.step_weight)

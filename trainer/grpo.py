@@ -6,6 +6,7 @@ from the same observation, wherever they occur), on a clipped surrogate.
     episode   A_ep = (R - mean R) / std R                  R = the rollout's total reward
     step      A_st = (Q(s, a) - V(s)) / std_s             G_t = r_t + gamma * G_{t+1}, grouped by state s
     advantage A_t  = A_ep + step_weight * A_st           (A_ep alone on a step with no sibling)
+    token     A_t + span_weight * the span rewards it lies in (span_baseline='group': minus their key's mean)
     loss      clipped surrogate on each completion token, + kl_beta * KL to the reference
 """
 
@@ -18,6 +19,7 @@ import torch
 from forge_bridge.core.types import Trajectory, TrajectoryGroup, Transition
 from forge_bridge.trainer.advantages import (
     anchor_step_advantages,
+    centre_span_rewards,
     combine,
     discounted_returns,
     episode_advantages,
@@ -73,10 +75,23 @@ def grpo_advantages(groups: Sequence[TrajectoryGroup], config: GRPOConfig) -> li
     return out
 
 
-def has_span_signal(group: TrajectoryGroup) -> bool:
-    """Whether the group's rollouts differ in their span rewards (the values, in recorded order):
-    rollouts rewarded alike, all right say, say nothing against each other."""
-    return len({tuple(v for s in t.transitions for _, _, v in span_rewards(s)) for t in group.trajectories}) > 1
+def grpo_span_rewards(groups: Sequence[TrajectoryGroup], config: GRPOConfig) -> list[list[list[list]]]:
+    """The span rewards trained on, per trajectory per step, nested as `groups` is: as recorded,
+    or with `span_baseline='group'` centred per key within each pool `grpo_advantages` compares."""
+    out = [[[span_rewards(s) for s in t.transitions] for t in group.trajectories] for group in groups]
+    if config.span_baseline == "group":
+        for pool in _pools(groups, config.baseline):
+            for (g, i), centred in zip(pool, centre_span_rewards([out[g][i] for g, i in pool])):
+                out[g][i] = centred
+    return out
+
+
+def has_span_signal(spans: Sequence[Sequence[Sequence]]) -> bool:
+    """Whether a group's rollouts (`spans[i][t]`: rollout i, step t) differ in their span rewards,
+    the values in recorded order, and one is nonzero: rollouts rewarded alike say nothing against
+    each other."""
+    values = [tuple(span[2] for step in rollout for span in step) for rollout in spans]
+    return len(set(values)) > 1 and any(v != 0 for vs in values for v in vs)
 
 
 class GRPOTrainer(Trainer):
@@ -84,21 +99,22 @@ class GRPOTrainer(Trainer):
 
     def prepare(self, groups):
         advantages = grpo_advantages(groups, self.config)
+        spans = grpo_span_rewards(groups, self.config)
         self.remember_advantages([t for g in groups for t in g.trajectories], [a for advs in advantages for a in advs])
         if self.config.skip_uniform_groups and self.config.baseline == "group":
             # a group whose every advantage is 0 says nothing against its own rollouts
             # (unless its span rewards differ: they still tell right parts of a call from wrong ones)
             signal = [any(a.numel() > 0 and float(a.abs().max()) > 1e-6 for a in advs)
-                      or (self.config.span_weight > 0 and has_span_signal(g))
-                      for g, advs in zip(groups, advantages)]
-            kept = [g for g, s in zip(groups, signal) if s]
-            advantages = [a for a, s in zip(advantages, signal) if s]
+                      or (self.config.span_weight > 0 and has_span_signal(sp))
+                      for advs, sp in zip(advantages, spans)]
         else:
-            kept = list(groups)
+            signal = [True] * len(groups)
+        kept = [g for g, s in zip(groups, signal) if s]
         trajectories = [t for group in kept for t in group.trajectories]
-        flat = [a for group in advantages for a in group]
+        flat = [a for advs, s in zip(advantages, signal) if s for a in advs]
+        flat_spans = [sp for group_spans, s in zip(spans, signal) if s for sp in group_spans]
         samples, stats = build_samples(trajectories, flat, self.config.max_seq_len, self.config.merge_steps,
-                                       span_weight=self.config.span_weight)
+                                       span_weight=self.config.span_weight, step_spans=flat_spans)
         first = [float(a[0]) for a in flat if len(a)]
         return samples, stats, {"groups_trained": len(kept), "groups_uniform": len(groups) - len(kept),
                                 "advantage_abs_mean_step0": sum(map(abs, first)) / max(len(first), 1)}
@@ -107,4 +123,4 @@ class GRPOTrainer(Trainer):
         return self.policy_loss(logp, batch)
 
 
-__all__ = ["GRPOTrainer", "action_key", "grpo_advantages", "state_key"]
+__all__ = ["GRPOTrainer", "action_key", "grpo_advantages", "grpo_span_rewards", "state_key"]

@@ -214,11 +214,13 @@ class Episode:
         index = step % len(self._traj.transitions)
         self.update(index, lambda t: setattr(t, "reward", t.reward + float(value)))
 
-    def span_reward(self, value: float, start: int, end: int, step: int = -1) -> None:
+    def span_reward(self, value: float, start: int, end: int, step: int = -1, key: str | None = None) -> None:
         """A reward on completion tokens [start, end) of one step (the latest by default): the
         trainer adds `span_weight * value` to those tokens' advantage, on top of the step's, so
-        the part of a call that was right (or wrong) is pushed apart from the rest. Recorded in
-        `info['span_rewards']` as [start, end, value]; use values centred on 0 (e.g. +1 / -1)."""
+        the part of a call that was right (or wrong) is pushed apart from the rest. `key` says what
+        the span is compared with under GRPO's `span_baseline='group'` (the spans of the same key in
+        the other rollouts, e.g. one argument's name). Recorded in `info['span_rewards']` as
+        [start, end, value] or [start, end, value, key]."""
         if not self._traj.transitions:
             raise InvalidArgument("span_reward: no step has been recorded in this episode yet")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -228,7 +230,10 @@ class Episode:
         if not (all(isinstance(x, int) and not isinstance(x, bool) for x in (start, end)) and 0 <= start < end <= n):
             raise InvalidArgument(f"span_reward: expected 0 <= start < end <= {n} (the step's completion "
                                   f"tokens), got start={start!r}, end={end!r}")
-        self.update(index, lambda t: t.info.setdefault("span_rewards", []).append([start, end, float(value)]))
+        if key is not None and not isinstance(key, str):
+            raise InvalidArgument(f"span_reward: key: expected a string or None, got {key!r}")
+        span = [start, end, float(value)] + ([key] if key is not None else [])
+        self.update(index, lambda t: t.info.setdefault("span_rewards", []).append(span))
 
     def mark_end(self, reason: str, detail: str) -> None:
         """Say how this episode will end, before it does (see `types.END_REASONS`): a limit cut

@@ -126,7 +126,8 @@ def argument_token_spans(tokenizer: Any, token_ids: Sequence[int]) -> CallSpans 
 def reward_arguments(episode: Any, tokenizer: Any, verdicts: dict[str, bool], missing: bool, step: int = -1) -> int:
     """Per-argument credit on a step's first tool call: +1 on the span of each argument `verdicts`
     calls right, -1 on each it calls wrong (a wrong value, or an argument that should not be
-    there), and on `close` -1 when an argument is `missing` (it stopped too early), else +1.
+    there), and on `close` -1 when an argument is `missing` (it stopped too early), else +1; keyed
+    'argument:<name>' and 'close' for GRPO's `span_baseline='group'`.
     Returns how many spans were rewarded: 0 where the completion holds no well-formed call, or
     its arguments are not those `verdicts` names."""
     steps = episode.trajectory.transitions
@@ -135,10 +136,10 @@ def reward_arguments(episode: Any, tokenizer: Any, verdicts: dict[str, bool], mi
     spans = argument_token_spans(tokenizer, steps[step].completion_token_ids)
     if spans is None or set(spans.arguments) != set(verdicts):
         return 0  # not the call the verdicts judged: no span is rewarded rather than a wrong one
-    rewarded = [(1.0 if ok else -1.0, spans.arguments[name]) for name, ok in verdicts.items()]
-    rewarded.append((-1.0 if missing else 1.0, spans.close))
-    for value, (start, end) in rewarded:
-        episode.span_reward(value, start, end, step=step)
+    rewarded = [(1.0 if ok else -1.0, spans.arguments[name], "argument:" + name) for name, ok in verdicts.items()]
+    rewarded.append((-1.0 if missing else 1.0, spans.close, "close"))
+    for value, (start, end), key in rewarded:
+        episode.span_reward(value, start, end, step=step, key=key)
     return len(rewarded)
 
 

@@ -79,7 +79,8 @@ def test_span_rewards_are_recorded_validated_stored_and_given_per_argument(tmp_p
         ep.record(Transition(observation=Observation(messages=[{"role": "user", "content": "q"}]),
                              action=Action(content=""), prompt_token_ids=[1], completion_token_ids=ids,
                              completion_logprobs=[-0.1] * len(ids)))
-        for bad in ((1.0, 3, 3), (1.0, -1, 2), (1.0, 0, 11), (float("nan"), 0, 1), (True, 0, 1)):
+        for bad in ((1.0, 3, 3), (1.0, -1, 2), (1.0, 0, 11), (float("nan"), 0, 1), (True, 0, 1), (1.0, False, 1),
+                    (1.0, 0, 1, -1, 7)):
             with pytest.raises(ValueError, match="span_reward"):
                 ep.span_reward(*bad)
         # "a" right, "b" a wrong value, and an argument missing: close -1
@@ -89,5 +90,5 @@ def test_span_rewards_are_recorded_validated_stored_and_given_per_argument(tmp_p
         with pytest.raises(ValueError, match="reward_arguments: no step 1"):
             reward_arguments(ep, PieceTokenizer(pieces), {"a": True}, missing=False, step=1)
     (step,) = store.get(ep.id).transitions
-    assert step.info["span_rewards"] == [[1, 4, 1.0], [4, 8, -1.0], [8, 9, -1.0]]
+    assert step.info["span_rewards"] == [[1, 4, 1.0, "argument:a"], [4, 8, -1.0, "argument:b"], [8, 9, -1.0, "close"]]
     store.close()

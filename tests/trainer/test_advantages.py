@@ -6,6 +6,7 @@ import torch
 from forge_bridge.core.types import Action, Observation, Trajectory, TrajectoryGroup, Transition
 from forge_bridge.trainer.advantages import (
     anchor_step_advantages,
+    centre_span_rewards,
     combine,
     discounted_returns,
     episode_advantages,
@@ -195,10 +196,32 @@ def test_a_group_with_equal_rewards_is_still_trained_when_its_span_rewards_diffe
     trainer.config = GRPOConfig(span_weight=0.0)
     samples, _, info = trainer.prepare(groups)
     assert info["groups_trained"] == 0 and samples == []
-    # span rewards alike (every rollout right): nothing to tell apart, the group is left out
-    wrong.transitions[0].info["span_rewards"] = [[0, 2, 1.0]]
-    trainer.config = GRPOConfig(span_weight=0.5)
+    # centred per key within the group: +-1 around a mean of 0, the same here
+    right.transitions[0].info["span_rewards"] = [[0, 2, 1.0, "x"], [2, 3, 1.0, "close"]]
+    wrong.transitions[0].info["span_rewards"] = [[0, 2, -1.0, "x"], [2, 3, 1.0, "close"]]
+    trainer.config = GRPOConfig(span_weight=0.5, span_baseline="group")
     samples, _, info = trainer.prepare(groups)
-    assert info["groups_trained"] == 0 and samples == []
+    assert [s.advantages[2:] for s in samples] == [[0.5, 0.5, 0.0], [-0.5, -0.5, 0.0]]
+    # span rewards alike (every rollout right): nothing to tell apart, the group is left out
+    wrong.transitions[0].info["span_rewards"] = [[0, 2, 1.0, "x"], [2, 3, 1.0, "close"]]
+    for baseline in ("none", "group"):
+        trainer.config = GRPOConfig(span_weight=0.5, span_baseline=baseline)
+        samples, _, info = trainer.prepare(groups)
+        assert info["groups_trained"] == 0 and samples == []
+    with pytest.raises(ValueError, match="span_baseline: expected 'none' or 'group'"):
+        GRPOConfig(span_baseline="batch")
     with pytest.raises(ValueError, match="span_weight: expected a number >= 0"):
         GRPOConfig(span_weight=-1.0)
+
+
+def test_centred_span_rewards_leave_what_every_rollout_got_alike_without_a_push():
+    # three rollouts, one step each: "a" right in all; "b" right in two, wrong in one; "c" only in
+    # the third; an unkeyed span keeps its value
+    spans = [[[[0, 2, 1.0, "a"], [2, 4, 1.0, "b"]]],
+             [[[0, 2, 1.0, "a"], [2, 4, 1.0, "b"], [4, 5, 0.5]]],
+             [[[0, 2, 1.0, "a"], [2, 4, -1.0, "b"], [4, 6, -1.0, "c"]]]]
+    centred = centre_span_rewards(spans)
+    b_mean = (1 + 1 - 1) / 3
+    assert centred[0] == [[[0, 2, 0.0, "a"], [2, 4, 1 - b_mean, "b"]]]
+    assert centred[1] == [[[0, 2, 0.0, "a"], [2, 4, 1 - b_mean, "b"], [4, 5, 0.5]]]
+    assert centred[2] == [[[0, 2, 0.0, "a"], [2, 4, -1 - b_mean, "b"], [4, 6, 0.0, "c"]]]
