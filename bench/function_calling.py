@@ -13,7 +13,11 @@ whether an episode's first model call was exactly the right call (one call, the 
 exactly the requested arguments). The RL reward is that exact check, pass/fail
 (`--reward exact`), or partial credit (`--reward partial`: the share of argument names, over
 those expected or given, that the call got exactly right; 1 only for the exact call), the
-default: it had the larger gain on the validation functions (docs/function-calling.md).
+default: it had the larger gain on the validation functions (docs/function-calling.md). With
+`--credit argument` each argument of the call is also rewarded on its own tokens (+1 right, -1
+wrong or not asked for; the tokens that close the arguments -1 when one is missing, else +1;
+`forge_bridge.policies.call_spans`), as given or, `--span-baseline group`, centred per argument
+within the group.
 
 Settings are chosen on the validation functions (`--split validation`); the held-out split is
 reported once (`--split held_out`, the default). Not covered: distractor tools (each agent has

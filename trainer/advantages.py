@@ -120,11 +120,11 @@ def combine(episode: torch.Tensor, step: torch.Tensor, has_sibling: torch.Tensor
     return episode + omega * step * has_sibling.to(step.dtype)
 
 
-def token_advantages(step_advantage: float, n_tokens: int, spans: Sequence[Sequence[float]],
+def token_advantages(step_advantage: float, n_tokens: int, spans: Sequence[Sequence],
                      span_weight: float) -> torch.Tensor:
     """The advantage of each completion token of one step: the step's, plus `span_weight` times
-    the reward of every span ([start, end, value], `Episode.span_reward`) the token lies in.
-    -> [n_tokens]."""
+    the reward of every span ([start, end, value] or [start, end, value, key], `Episode.span_reward`)
+    the token lies in.  -> [n_tokens]."""
     adv = torch.full((n_tokens,), float(step_advantage))
     for start, end, value, *_ in spans:
         if not 0 <= start < end <= n_tokens:

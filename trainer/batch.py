@@ -5,9 +5,9 @@ only. Consecutive calls of a trajectory may be merged into one sequence when the
 extends the previous prompt + completion exactly (the tokens in between, tool results, are not
 trained on). Token p of a sample carries the behaviour logprob and the advantage of the step
 that produced it (plus `span_weight` times the span rewards it lies in), and the sample the
-temperature its tokens were sampled at (the trainer scores them at that temperature). A sequence over the length limit keeps its first `max_len` tokens and is
-flagged; one whose completion would be cut away entirely is left out and counted, never dropped
-silently.
+temperature its tokens were sampled at (the trainer scores them at that temperature). A sequence
+over the length limit keeps its first `max_len` tokens and is flagged; one whose completion would
+be cut away entirely is left out and counted, never dropped silently.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
     return kept, stats
 
 
-def span_rewards(step: Transition) -> list[list[float]]:
+def span_rewards(step: Transition) -> list[list]:
     """The span rewards recorded on a step (`Episode.span_reward`): [start, end, value(, key)]."""
     return step.info.get("span_rewards", [])
 

@@ -89,7 +89,7 @@ def argument_char_spans(text: str) -> CallSpans | None:
                 return None
             members, close = _members(text, found[-1][2])
         except (ValueError, IndexError):
-            return None  # arguments given as a JSON string
+            return None  # e.g. arguments given as a JSON string
         spans = {key: (start, end) for key, start, _, end in members}
         last = members[-1][3] if members else found[-1][2] + 1
         return CallSpans(spans, (last, close + 1))
