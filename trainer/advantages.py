@@ -135,18 +135,20 @@ def token_advantages(step_advantage: float, n_tokens: int, spans: Sequence[Seque
 
 
 def centre_span_rewards(spans: Sequence[Sequence[Sequence[Sequence]]]) -> list[list[list[list]]]:
-    """The group baseline of span rewards: each keyed span [start, end, value, key] minus the mean
-    value of the spans with its key over all the rollouts given (any step); an unkeyed span
-    [start, end, value] keeps its value. Spans of a key that every rollout got alike become 0.
+    """The group baseline of span rewards: each keyed span [start, end, value, key] minus the mean,
+    over all the N rollouts given, of each rollout's total for that key (0 for a rollout with no
+    span of it: it did not do what the span rewards). An unkeyed span [start, end, value] keeps
+    its value. A key every rollout has with the same value becomes 0; an argument only some
+    rollouts wrote, wrongly, stays negative for them.
 
     spans[i][t]: the spans of rollout i's step t -> the same nesting, centred."""
-    by_key: dict[str, list[float]] = {}
+    total: dict[str, float] = {}
     for rollout in spans:
         for step in rollout:
             for span in step:
                 if len(span) > 3:
-                    by_key.setdefault(span[3], []).append(float(span[2]))
-    mean = {key: sum(v) / len(v) for key, v in by_key.items()}
+                    total[span[3]] = total.get(span[3], 0.0) + float(span[2])
+    mean = {key: value / max(len(spans), 1) for key, value in total.items()}
     return [[[[s[0], s[1], float(s[2]) - mean[s[3]], s[3]] if len(s) > 3 else list(s) for s in step]
              for step in rollout] for rollout in spans]
 

@@ -156,8 +156,8 @@ class GRPOConfig(TrainerConfig):
     'batch' (every rollout of the iteration: a task that all rollouts failed, or all passed,
     still says which behaviour to leave or keep, against the other tasks)."""
     span_baseline: str = "none"
-    """Span rewards as recorded ('none'), or each keyed one minus the mean of its key's values over
-    the rollouts compared ('group': an argument every rollout got right gets no push)."""
+    """Span rewards as recorded ('none'), or each keyed one minus the mean over the rollouts compared
+    of their value for its key, 0 where a rollout has none ('group': `centre_span_rewards`)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

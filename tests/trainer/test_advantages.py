@@ -215,13 +215,15 @@ def test_a_group_with_equal_rewards_is_still_trained_when_its_span_rewards_diffe
 
 
 def test_centred_span_rewards_leave_what_every_rollout_got_alike_without_a_push():
-    # three rollouts, one step each: "a" right in all; "b" right in two, wrong in one; "c" only in
-    # the third; an unkeyed span keeps its value
+    # three rollouts, one step each: "a" right in all; "b" right in two, wrong in one; "c" (an
+    # argument not asked for) written only by the third; an unkeyed span keeps its value
     spans = [[[[0, 2, 1.0, "a"], [2, 4, 1.0, "b"]]],
              [[[0, 2, 1.0, "a"], [2, 4, 1.0, "b"], [4, 5, 0.5]]],
              [[[0, 2, 1.0, "a"], [2, 4, -1.0, "b"], [4, 6, -1.0, "c"]]]]
     centred = centre_span_rewards(spans)
-    b_mean = (1 + 1 - 1) / 3
+    b_mean, c_mean = (1 + 1 - 1) / 3, (0 + 0 - 1) / 3  # a rollout without "c" counts 0
     assert centred[0] == [[[0, 2, 0.0, "a"], [2, 4, 1 - b_mean, "b"]]]
     assert centred[1] == [[[0, 2, 0.0, "a"], [2, 4, 1 - b_mean, "b"], [4, 5, 0.5]]]
-    assert centred[2] == [[[0, 2, 0.0, "a"], [2, 4, -1 - b_mean, "b"], [4, 6, 0.0, "c"]]]
+    assert centred[2] == [[[0, 2, 0.0, "a"], [2, 4, -1 - b_mean, "b"], [4, 6, -1 - c_mean, "c"]]]
+    # every rollout wrote "c" wrongly: nothing to compare, no push
+    assert centre_span_rewards([[[[0, 1, -1.0, "c"]]]] * 2) == [[[[0, 1, 0.0, "c"]]]] * 2
