@@ -17,7 +17,7 @@ default: it had the larger gain on the validation functions (docs/function-calli
 `--credit argument` each argument of the call is also rewarded on its own tokens (+1 right, -1
 wrong or not asked for; the tokens that close the arguments -1 when one is missing, else +1;
 `forge_bridge.policies.call_spans`), as given or, `--span-baseline group`, centred per argument
-within the group.
+over the rollouts compared (0 for a rollout that did not write it).
 
 Settings are chosen on the validation functions (`--split validation`); the held-out split is
 reported once (`--split held_out`, the default). Not covered: distractor tools (each agent has
@@ -227,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                    "in their tokens' advantages (with --credit argument)")
     p.add_argument("--span-baseline", choices=("none", "group"), default="none",
                    help="the argument spans' rewards as given (+1/-1), or each minus its argument's mean "
-                        "in the group (with --credit argument)")
+                        "over the rollouts compared, 0 where one did not write it (the group; with "
+                        "--baseline batch, every rollout of the iteration; with --credit argument)")
     p.add_argument("--baseline", choices=("group", "batch"), default="group")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--max-tokens", type=int, default=96)

@@ -28,6 +28,7 @@ group first (`centre_span_rewards`), as returns are.
 
 from __future__ import annotations
 
+import math
 from typing import Hashable, Sequence
 
 import torch
@@ -126,12 +127,29 @@ def token_advantages(step_advantage: float, n_tokens: int, spans: Sequence[Seque
     the reward of every span ([start, end, value] or [start, end, value, key], `Episode.span_reward`)
     the token lies in.  -> [n_tokens]."""
     adv = torch.full((n_tokens,), float(step_advantage))
-    for start, end, value, *_ in spans:
-        if not 0 <= start < end <= n_tokens:
-            raise InvalidArgument(f"span reward [{start}, {end}, {value}]: expected 0 <= start < end <= "
-                                  f"{n_tokens} (the step's completion tokens)")
-        adv[int(start):int(end)] += span_weight * float(value)
+    if span_weight == 0:
+        return adv
+    for span in spans:
+        start, end, value = check_span(span, n_tokens)
+        adv[start:end] += span_weight * value
     return adv
+
+
+def check_span(span: Sequence, n_tokens: int | None = None) -> tuple[int, int, float]:
+    """(start, end, value) of a span reward [start, end, value] or [start, end, value, key], checked:
+    integer bounds with 0 <= start < end (<= n_tokens where given), a finite value, a string key."""
+    def integer(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    ok = isinstance(span, (list, tuple)) and len(span) in (3, 4)
+    ok = ok and integer(span[0]) and integer(span[1]) and 0 <= span[0] < span[1]
+    ok = ok and (n_tokens is None or span[1] <= n_tokens) and not isinstance(span[2], bool)
+    ok = ok and isinstance(span[2], (int, float)) and math.isfinite(span[2])
+    if not ok or (len(span) == 4 and not isinstance(span[3], str)):
+        limit = f" <= {n_tokens} (the step's completion tokens)" if n_tokens is not None else ""
+        raise InvalidArgument(f"span reward {span!r}: expected [start, end, value] or [start, end, value, key] "
+                              f"with integers 0 <= start < end{limit}, a finite value and a string key")
+    return span[0], span[1], float(span[2])
 
 
 def centre_span_rewards(spans: Sequence[Sequence[Sequence[Sequence]]]) -> list[list[list[list]]]:
@@ -146,6 +164,7 @@ def centre_span_rewards(spans: Sequence[Sequence[Sequence[Sequence]]]) -> list[l
     for rollout in spans:
         for step in rollout:
             for span in step:
+                check_span(span)
                 if len(span) > 3:
                     total[span[3]] = total.get(span[3], 0.0) + float(span[2])
     mean = {key: value / max(len(spans), 1) for key, value in total.items()}

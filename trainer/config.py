@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, fields
 
@@ -28,7 +29,8 @@ class TrainerConfig:
     gamma: float = 0.95
     """Discount over the model calls of a trajectory: G_t = r_t + gamma * G_{t+1}."""
     span_weight: float = 1.0
-    """Weight of span rewards (`Episode.span_reward`) added to their tokens' advantages (0: ignore them)."""
+    """Weight of span rewards (`Episode.span_reward`) added to their tokens' advantages, after
+    PPO's whitening and as recorded there, centred only by GRPO's `span_baseline` (0: ignore them)."""
     group_size: int = 8
     """Rollouts per task per iteration (GRPO's group)."""
     tasks_per_iteration: int | None = None
@@ -96,8 +98,8 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         _check(_number(self.gamma) and 0 <= self.gamma <= 1, "gamma", "a number in [0, 1]", self.gamma)
-        _check(_number(self.span_weight) and self.span_weight >= 0, "span_weight", "a number >= 0",
-               self.span_weight)
+        _check(_number(self.span_weight) and 0 <= self.span_weight < math.inf, "span_weight",
+               "a finite number >= 0", self.span_weight)
         for name in ("group_size", "concurrency", "epochs", "minibatch_size", "lora_rank",
                      "lora_alpha", "max_seq_len"):
             value = getattr(self, name)

@@ -88,10 +88,11 @@ def grpo_span_rewards(groups: Sequence[TrajectoryGroup], config: GRPOConfig) -> 
 
 def has_span_signal(spans: Sequence[Sequence[Sequence]]) -> bool:
     """Whether a group's rollouts (`spans[i][t]`: rollout i, step t) differ in their span rewards,
-    the values in recorded order, and one is nonzero: rollouts rewarded alike say nothing against
-    each other."""
-    values = [tuple(span[2] for step in rollout for span in step) for rollout in spans]
-    return len(set(values)) > 1 and any(v != 0 for vs in values for v in vs)
+    the (key, value) pairs in recorded order, and one value is nonzero: rollouts rewarded alike
+    say nothing against each other (+1 on argument a in one and on b in the other do differ)."""
+    rewarded = [tuple((span[3] if len(span) > 3 else None, float(span[2])) for step in rollout for span in step)
+                for rollout in spans]
+    return len(set(rewarded)) > 1 and any(value != 0 for pairs in rewarded for _, value in pairs)
 
 
 class GRPOTrainer(Trainer):

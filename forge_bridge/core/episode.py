@@ -205,13 +205,21 @@ class Episode:
                                            metadata=self._traj.metadata,
                                            end_detail=self._traj.end_detail)
 
+    def _step_index(self, what: str, step: int) -> int:
+        """The index of recorded step `step` (negative counts from the end); one not recorded raises."""
+        n = len(self._traj.transitions)
+        if isinstance(step, bool) or not isinstance(step, int) or not -n <= step < n:
+            raise InvalidArgument(f"{what}: step: expected an integer in [{-n}, {n}) (the {n} steps recorded), "
+                                  f"got {step!r}")
+        return step % n
+
     def step_reward(self, value: float, step: int = -1) -> None:
         """A reward on one step (the latest by default), added to what it already has."""
         if not self._traj.transitions:
             raise InvalidArgument("step_reward: no step has been recorded in this episode yet")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise InvalidArgument(f"step_reward: expected a finite number, got {value!r}")
-        index = step % len(self._traj.transitions)
+        index = self._step_index("step_reward", step)
         self.update(index, lambda t: setattr(t, "reward", t.reward + float(value)))
 
     def span_reward(self, value: float, start: int, end: int, step: int = -1, key: str | None = None) -> None:
@@ -225,7 +233,7 @@ class Episode:
             raise InvalidArgument("span_reward: no step has been recorded in this episode yet")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise InvalidArgument(f"span_reward: expected a finite number, got {value!r}")
-        index = step % len(self._traj.transitions)
+        index = self._step_index("span_reward", step)
         n = len(self._traj.transitions[index].completion_token_ids)
         if not (all(isinstance(x, int) and not isinstance(x, bool) for x in (start, end)) and 0 <= start < end <= n):
             raise InvalidArgument(f"span_reward: expected 0 <= start < end <= {n} (the step's completion "

@@ -5,7 +5,12 @@ import pytest
 import forge_bridge as fb
 from forge_bridge.core.store import TrajectoryStore
 from forge_bridge.core.types import Action, Observation, Transition
-from forge_bridge.policies.call_spans import argument_char_spans, argument_token_spans, reward_arguments
+from forge_bridge.policies.call_spans import (
+    argument_char_spans,
+    argument_token_spans,
+    reward_arguments,
+    token_ends,
+)
 from forge_bridge.policies.toolcalls import parse
 
 CALL = '<tool_call>\n{"name": "f", "arguments": {"a": 1, "b": "x"}}\n</tool_call>'
@@ -80,9 +85,12 @@ def test_span_rewards_are_recorded_validated_stored_and_given_per_argument(tmp_p
                              action=Action(content=""), prompt_token_ids=[1], completion_token_ids=ids,
                              completion_logprobs=[-0.1] * len(ids)))
         for bad in ((1.0, 3, 3), (1.0, -1, 2), (1.0, 0, 11), (float("nan"), 0, 1), (True, 0, 1), (1.0, False, 1),
-                    (1.0, 0, 1, -1, 7)):
+                    (1.0, 0, 1, -1, 7), (1.0, 0, 1, 1), (1.0, 0, 1, -2), (1.0, 0, 1, 0.0)):
             with pytest.raises(ValueError, match="span_reward"):
                 ep.span_reward(*bad)
+        # a step not recorded is an error, not another step (one step here: 1 would have wrapped to 0)
+        with pytest.raises(ValueError, match=r"step_reward: step: expected an integer in \[-1, 1\)"):
+            ep.step_reward(1.0, step=1)
         # "a" right, "b" a wrong value, and an argument missing: close -1
         assert reward_arguments(ep, PieceTokenizer(pieces), {"a": True, "b": False}, missing=True, step=0) == 3
         # verdicts on other arguments than the text shows: nothing is rewarded
@@ -92,3 +100,28 @@ def test_span_rewards_are_recorded_validated_stored_and_given_per_argument(tmp_p
     (step,) = store.get(ep.id).transitions
     assert step.info["span_rewards"] == [[1, 4, 1.0, "argument:a"], [4, 8, -1.0, "argument:b"], [8, 9, -1.0, "close"]]
     store.close()
+
+
+@pytest.mark.parametrize("which", ["embedded", "tiny"])
+def test_token_spans_of_real_tokenizations_hold_exactly_their_arguments_text(which):
+    # byte-level BPE merges across the JSON punctuation (`",`, `}}`), unlike the piece tokenizers above
+    from forge_bridge.policies import models
+
+    tok = models.load_tokenizer() if which == "embedded" else models.tiny_tokenizer()
+    calls = [CALL, '<tool_call>\n{"name": "book", "arguments": {"city": "Zürich", "nights": 3, '
+                   '"extras": {"breakfast": true, "note": "a } inside"}, "tags": ["x", "y"]}}\n</tool_call>',
+             'Let me call it.\n<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>']
+    for call in calls:
+        ids = tok.encode(call, add_special_tokens=False)
+        text, _ = token_ends(tok, ids)
+        chars, tokens = argument_char_spans(text), argument_token_spans(tok, ids)
+        assert list(tokens.arguments) == list(chars.arguments)
+        for key in chars.arguments:
+            (a, b), (s, e) = chars.arguments[key], tokens.arguments[key]
+            decoded = tok.decode(ids[s:e])
+            # every character of the argument is written by the span's tokens, and its first and
+            # last tokens each write one of them (the span is no wider than it must be)
+            assert text[a:b] in decoded
+            assert text[a:b] not in tok.decode(ids[s + 1:e]) and text[a:b] not in tok.decode(ids[s:e - 1])
+        s, e = tokens.close
+        assert "}" in tok.decode(ids[s:e]) and e <= len(ids)

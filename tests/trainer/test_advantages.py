@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from forge_bridge.core.errors import ForgeBridgeError
 from forge_bridge.core.types import Action, Observation, Trajectory, TrajectoryGroup, Transition
 from forge_bridge.trainer.advantages import (
     anchor_step_advantages,
@@ -177,9 +178,14 @@ def test_span_rewards_add_to_their_tokens_advantage_only():
     # token 0: 0.5; 1-2: 0.5 + 0.25; 3: 0.5 - 0.25; 4: 0.5 - 0.25 - 0.5; 5: 0.5 - 0.5
     assert close(adv, [0.5, 0.75, 0.75, 0.25, -0.25, 0.0])
     assert close(token_advantages(-1.0, 3, [[0, 3, 1.0]], span_weight=0.0), [-1.0, -1.0, -1.0])
-    for bad in ([-1, 2, 1.0], [2, 2, 1.0], [0, 4, 1.0]):
-        with pytest.raises(ValueError, match="expected 0 <= start < end <= 3"):
+    # bounds out of range or not integers, a value not finite, a key not a string, a short entry
+    for bad in ([-1, 2, 1.0], [2, 2, 1.0], [0, 4, 1.0], [0.5, 2.7, 1.0], ["0", 2, 1.0], [0, 2, float("nan")],
+                [0, 2, float("inf")], [0, 2, True], [0, 2, 1.0, 7], [0, 2], [0, 2, 1.0, "k", "more"], "0 2 1"):
+        with pytest.raises(ForgeBridgeError, match=r"span reward .*0 <= start < end <= 3 \(the step's"):
             token_advantages(0.0, 3, [bad], span_weight=1.0)
+        if bad != [0, 4, 1.0]:  # centring knows no token count
+            with pytest.raises(ForgeBridgeError, match="span reward"):
+                centre_span_rewards([[[bad]]])
 
 
 def test_a_group_with_equal_rewards_is_still_trained_when_its_span_rewards_differ():
@@ -210,8 +216,26 @@ def test_a_group_with_equal_rewards_is_still_trained_when_its_span_rewards_diffe
         assert info["groups_trained"] == 0 and samples == []
     with pytest.raises(ValueError, match="span_baseline: expected 'none' or 'group'"):
         GRPOConfig(span_baseline="batch")
-    with pytest.raises(ValueError, match="span_weight: expected a number >= 0"):
-        GRPOConfig(span_weight=-1.0)
+    for weight in (-1.0, float("inf"), True):
+        with pytest.raises(ValueError, match="span_weight: expected a finite number >= 0"):
+            GRPOConfig(span_weight=weight)
+
+
+def test_rollouts_right_on_different_arguments_differ_in_their_span_rewards():
+    from forge_bridge.trainer.grpo import GRPOTrainer
+
+    # one wrote "a" right and left "b" out, the other the reverse: the same values, other keys
+    first = Trajectory(transitions=[step([1, 2], [7, 8, 9], span_rewards=[[0, 2, 1.0, "a"], [2, 3, -1.0, "close"]])],
+                       reward=0.5, group_id="g")
+    second = Trajectory(transitions=[step([1, 2], [7, 5, 9], span_rewards=[[0, 2, 1.0, "b"], [2, 3, -1.0, "close"]])],
+                        reward=0.5, group_id="g")
+    trainer = GRPOTrainer.__new__(GRPOTrainer)
+    for baseline, pushed in (("none", 1.0), ("group", 0.5)):  # centred: "a" has mean 1/2 over the two
+        trainer.config = GRPOConfig(span_weight=1.0, span_baseline=baseline)
+        samples, _, info = trainer.prepare([TrajectoryGroup("g", None, [first, second])])
+        assert info["groups_trained"] == 1
+        closing = -1.0 if baseline == "none" else 0.0
+        assert [s.advantages[2:] for s in samples] == [[pushed, pushed, closing]] * 2
 
 
 def test_centred_span_rewards_leave_what_every_rollout_got_alike_without_a_push():
