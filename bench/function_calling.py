@@ -2,7 +2,7 @@
 generated function-calling suite (`forge_bridge.app.tasks.functions`), held-out functions only.
 
     .venv/bin/python bench/function_calling.py [--seeds 0 1 2] [--iterations 6] [--out runs/bench-fc]
-    .venv/bin/python bench/function_calling.py --breakdown runs/bench-fc     # what the calls got wrong
+    .venv/bin/python bench/function_calling.py --breakdown runs/bench-fc  # what the calls got wrong, what they wrote
 
 Per seed: an ordinary LangChain `create_agent` agent, built per function with that function as
 its one tool, on the embedded SmolLM2-135M through `ForgeMiddleware`; `--demos` demonstrations
@@ -106,6 +106,25 @@ def errors(store, run_id: str, tasks) -> dict[str, int]:
     return counts
 
 
+def choices(store, run_id: str, tasks) -> dict[str, list[int]]:
+    """Over an evaluation's first calls that could be scored: how many of the parameters the
+    request named were written, and how many of those it did not name (`argument_choices`):
+    {"calls": [n], "asked": [written, of], "not_asked": [written, of]}."""
+    from forge_bridge.app.tasks.functions import argument_choices
+
+    by_id = {t.id: t for t in tasks}
+    out = {"calls": [0], "asked": [0, 0], "not_asked": [0, 0]}
+    for traj in store.trajectories(run_id=run_id):
+        first = traj.transitions[0].action.tool_calls if traj.transitions else []
+        counts = argument_choices(by_id[traj.task_id], first)
+        if counts is not None:
+            out["calls"][0] += 1
+            for key, (written, of) in (("asked", counts[:2]), ("not_asked", counts[2:])):
+                out[key][0] += written
+                out[key][1] += of
+    return out
+
+
 def print_errors(results: list[dict]) -> None:
     from forge_bridge.app.tasks.functions import CALL_ERRORS
 
@@ -114,6 +133,15 @@ def print_errors(results: list[dict]) -> None:
     for r in results:
         for phase in ("SFT", "SFT+RL"):
             print(f"| {r['seed']}, {phase} | " + " | ".join(str(r["errors"][phase][e]) for e in CALL_ERRORS) + " |")
+    if not all("choices" in r for r in results):
+        return  # a run from before the choices were recorded
+    print("\n| seed, phase | calls scored | parameters asked for, written | parameters not asked for, written |")
+    print("| --- | --- | --- | --- |")
+    for r in results:
+        for phase in ("SFT", "SFT+RL"):
+            c = r["choices"][phase]
+            rates = [f"{w}/{n} = {w / max(n, 1):.2f}" for w, n in (c["asked"], c["not_asked"])]
+            print(f"| {r['seed']}, {phase} | {c['calls'][0]} | {rates[0]} | {rates[1]} |")
 
 
 def breakdown_of(run: Path) -> list[dict]:
@@ -130,8 +158,9 @@ def breakdown_of(run: Path) -> list[dict]:
         if not db.is_file():
             sys.exit(f"--breakdown {run}: {db} is missing")
         with TrajectoryStore(db) as store:
-            results.append({"seed": r["seed"], "errors": {
-                "SFT": errors(store, "eval-sft", tasks), "SFT+RL": errors(store, "eval-rl", tasks)}})
+            results.append({"seed": r["seed"], **{what: {
+                "SFT": count(store, "eval-sft", tasks), "SFT+RL": count(store, "eval-rl", tasks)}
+                for what, count in (("errors", errors), ("choices", choices))}})
     return results
 
 
@@ -179,6 +208,7 @@ def run_seed(seed: int, args) -> dict:
     result["sft_loss"] = [sft["sft_loss_first"], sft["sft_loss_last"]]
     result["SFT"] = evaluate(policy, report, store, "eval-sft", args.max_tokens, args.concurrency)
     result["errors"] = {"SFT": errors(store, "eval-sft", report)}
+    result["choices"] = {"SFT": choices(store, "eval-sft", report)}
     print(f"seed {seed}: SFT {result['SFT']:.2f} on {len(report)} {args.split} requests", flush=True)
 
     def rollout(task) -> float:
@@ -195,6 +225,7 @@ def run_seed(seed: int, args) -> dict:
         for h in history]
     result["SFT+RL"] = evaluate(policy, report, store, "eval-rl", args.max_tokens, args.concurrency)
     result["errors"]["SFT+RL"] = errors(store, "eval-rl", report)
+    result["choices"]["SFT+RL"] = choices(store, "eval-rl", report)
     result["wall_s"] = time.perf_counter() - t0
     print(f"seed {seed}: SFT+RL {result['SFT+RL']:.2f}; training reward per iteration "
           f"{[round(r, 2) for r in result['training_reward']]}, exact {[round(r, 2) for r in result['training_exact']]} "

@@ -5,6 +5,7 @@ import json
 from forge_bridge.app.tasks.functions import (
     CALL_ERRORS,
     FunctionTask,
+    argument_choices,
     argument_verdicts,
     call_error,
     check_call,
@@ -132,3 +133,16 @@ def test_argument_verdicts_say_which_arguments_were_right_and_whether_one_is_mis
     assert argument_verdicts(task, call({"city": "Oslo"})) == ({"city": True}, True)
     assert argument_verdicts(task, call(task.expected, name="book_hotel")) is None
     assert argument_verdicts(task, [ToolCall("c1", "book_flight", "{not json")]) is None
+
+
+def test_argument_choices_count_the_parameters_written_when_asked_and_when_not():
+    tool = {"type": "function", "function": {"name": "book_flight", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "seats": {"type": "integer"}, "note": {"type": "string"},
+        "class": {"type": "string"}}, "required": ["city"]}}}
+    task = FunctionTask("book_flight-0", tool, "Book 2 seats to Oslo.", {"city": "Oslo", "seats": 2})
+    call = [ToolCall("c1", "book_flight", json.dumps({"city": "Bergen", "note": "x"}))]
+    # asked: city (written, wrong value) and seats (not written); not asked: note (written) and class
+    assert argument_choices(task, call) == (1, 2, 1, 2)
+    assert argument_choices(task, [ToolCall("c1", "book_flight", json.dumps(task.expected))]) == (2, 2, 0, 2)
+    assert argument_choices(task, [ToolCall("c1", "book_hotel", "{}")]) is None
+    assert argument_choices(task, call * 2) is None

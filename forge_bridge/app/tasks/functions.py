@@ -191,6 +191,20 @@ def argument_verdicts(task: FunctionTask, tool_calls: Sequence[Any]) -> tuple[di
     return verdicts, bool(set(task.expected) - set(args))
 
 
+def argument_choices(task: FunctionTask, tool_calls: Sequence[Any]) -> tuple[int, int, int, int] | None:
+    """Which of the function's parameters the one call wrote, against which the request names:
+    (asked and written, asked, not asked and written, not asked), values aside. A call that reads
+    the request writes the first near the second and the third near 0. None unless `score_call`
+    could score the call."""
+    args = _arguments_of_the_one_call(task, tool_calls)
+    if not isinstance(args, dict):
+        return None
+    params = task.tool["function"]["parameters"]["properties"]
+    asked = [p for p in params if p in task.expected]
+    other = [p for p in params if p not in task.expected]
+    return sum(p in args for p in asked), len(asked), sum(p in args for p in other), len(other)
+
+
 CALL_ERRORS = ("pass", "extra argument", "missing argument", "other key set", "wrong value", "malformed")
 """What `call_error` names, in the order reports print them."""
 
@@ -246,5 +260,5 @@ def expert_call(task: FunctionTask) -> str:
             + "\n</tool_call>")
 
 
-__all__ = ["CALL_ERRORS", "FunctionTask", "argument_verdicts", "call_error", "check_call", "expert_call",
-           "generate_suite", "score_call", "split_by_function"]
+__all__ = ["CALL_ERRORS", "FunctionTask", "argument_choices", "argument_verdicts", "call_error", "check_call",
+           "expert_call", "generate_suite", "score_call", "split_by_function"]
