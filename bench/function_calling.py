@@ -17,7 +17,10 @@ default: it had the larger gain on the validation functions (docs/function-calli
 `--credit argument` each argument of the call is also rewarded on its own tokens (+1 right, -1
 wrong or not asked for; the tokens that close the arguments -1 when one is missing, else +1;
 `forge_bridge.policies.call_spans`), as given or, `--span-baseline group`, centred per argument
-over the rollouts compared (0 for a rollout that did not write it).
+over the rollouts compared (0 for a rollout that did not write it). With `--credit decision`
+each decision that wrote the arguments is rewarded in the state it was made in (a `,` by whether
+an asked argument was still unwritten, a key by whether it is asked for and new, an asked value by
+whether it is right, the close by whether nothing asked was left; `reward_decisions`).
 
 Settings are chosen on the validation functions (`--split validation`); the held-out split is
 reported once (`--split held_out`, the default). Not covered: distractor tools (each agent has
@@ -57,10 +60,11 @@ def attempt(policy, task, temperature: float, max_tokens: int, reward: str = "ex
     """One episode (inside the current one), scored on its first call: 1 when it is exactly right,
     else 0 (`reward="exact"`) or the share of its arguments that are right (`"partial"`). With
     `credit="argument"` each argument's tokens also get a span reward, +1 right / -1 wrong or not
-    asked for, and the tokens that close the arguments -1 when one is missing, else +1."""
+    asked for, and the tokens that close the arguments -1 when one is missing, else +1; with
+    `credit="decision"` each decision's tokens do (`reward_decisions`)."""
     import forge_bridge as fb
     from forge_bridge.app.tasks.functions import argument_verdicts, check_call, score_call
-    from forge_bridge.policies.call_spans import reward_arguments
+    from forge_bridge.policies.call_spans import reward_arguments, reward_decisions
 
     agent = build_agent(policy, task, temperature, max_tokens)
     try:
@@ -72,9 +76,11 @@ def attempt(policy, task, temperature: float, max_tokens: int, reward: str = "ex
     steps = fb.current_episode().trajectory.transitions
     if not steps:
         return 0.0
-    verdicts = argument_verdicts(task, steps[0].action.tool_calls) if credit == "argument" else None
-    if verdicts is not None:
+    verdicts = argument_verdicts(task, steps[0].action.tool_calls) if credit != "call" else None
+    if verdicts is not None and credit == "argument":
         reward_arguments(fb.current_episode(), policy.tokenizer, *verdicts, step=0)
+    elif verdicts is not None:
+        reward_decisions(fb.current_episode(), policy.tokenizer, task.expected, verdicts[0], step=0)
     if reward == "partial":
         return score_call(task, steps[0].action.tool_calls)
     return 1.0 if check_call(task, steps[0].action.tool_calls) else 0.0
@@ -251,9 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--reward", choices=("exact", "partial"), default="partial",
                    help="RL reward: the exact check (pass/fail) or the share of arguments right")
-    p.add_argument("--credit", choices=("call", "argument"), default="call",
+    p.add_argument("--credit", choices=("call", "argument", "decision"), default="call",
                    help="the call's advantage on all its tokens, or also +1/-1 on each argument's tokens "
-                        "(and on the tokens that close the arguments)")
+                        "(and on the tokens that close the arguments), or on each decision's tokens "
+                        "(separator, key, value, close; reward_decisions)")
     p.add_argument("--span-weight", type=float, default=1.0, help="weight of the argument spans' rewards "
                    "in their tokens' advantages (with --credit argument)")
     p.add_argument("--span-baseline", choices=("none", "group"), default="none",

@@ -11,6 +11,10 @@ An argument's span starts where the previous one ended, so it holds the decision
 the Hermes parser reads: the first `<tool_call>` block after any reasoning block that parses. In
 tokens, a span holds every token that writes one of its characters, so a token that ends one
 value and starts the next argument (`",`) is in both spans and gets both rewards.
+
+`CallSpans.members` splits each argument further, into the decisions that wrote it: the
+separator (go on), the key (which argument) and the value (what it is); `reward_decisions`
+rewards each of them in the state it was made in.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import bisect
 import json
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.policies.toolcalls import _BLOCK, _parse_one, split_reasoning
@@ -34,6 +38,11 @@ class CallSpans:
     """Argument name -> its span (the separator before it included)."""
     close: tuple[int, int]
     """From the end of the last argument through the `}` that closes the arguments."""
+    members: tuple[tuple[str, tuple[int, int] | None, tuple[int, int], tuple[int, int]], ...] = ()
+    """Each argument in the order written, split into its decisions: (name, separator, key, value).
+    The separator runs from the end of the previous value to the key (the `,`: go on writing
+    arguments; None before the first), the key from its `"` to the value (which argument), the
+    value to its end (what it is)."""
 
 
 def _skip_space(text: str, i: int) -> int:
@@ -42,17 +51,18 @@ def _skip_space(text: str, i: int) -> int:
     return i
 
 
-def _members(text: str, i: int) -> tuple[list[tuple[str, int, int, int]], int]:
-    """The members of the JSON object whose `{` is at i: (key, span start, value start, value end)
-    each, and the index of its closing `}`. Raises ValueError or IndexError when malformed."""
+def _members(text: str, i: int) -> tuple[list[tuple[str, int, int, int, int]], int]:
+    """The members of the JSON object whose `{` is at i: (key, span start, key start, value start,
+    value end) each, and the index of its closing `}`. Raises ValueError or IndexError when malformed."""
     if text[i] != "{":
         raise ValueError("not an object")
-    members: list[tuple[str, int, int, int]] = []
+    members: list[tuple[str, int, int, int, int]] = []
     start = i + 1
     j = _skip_space(text, start)
     if text[j] == "}":
         return members, j
     while True:
+        key_start = j
         key, j = _DECODER.raw_decode(text, j)
         if not isinstance(key, str):
             raise ValueError("a key that is not a string")
@@ -61,7 +71,7 @@ def _members(text: str, i: int) -> tuple[list[tuple[str, int, int, int]], int]:
             raise ValueError("no ':' after a key")
         value_start = _skip_space(text, j + 1)
         _, value_end = _DECODER.raw_decode(text, value_start)
-        members.append((key, start, value_start, value_end))
+        members.append((key, start, key_start, value_start, value_end))
         j = _skip_space(text, value_end)
         if text[j] == "}":
             return members, j
@@ -87,12 +97,14 @@ def argument_char_spans(text: str) -> CallSpans | None:
             found = [m for m in outer if m[0] == "arguments"] or [m for m in outer if m[0] == "parameters"]
             if not found:
                 return None
-            members, close = _members(text, found[-1][2])
+            members, close = _members(text, found[-1][3])
         except (ValueError, IndexError):
             return None  # e.g. arguments given as a JSON string
-        spans = {key: (start, end) for key, start, _, end in members}
-        last = members[-1][3] if members else found[-1][2] + 1
-        return CallSpans(spans, (last, close + 1))
+        spans = {key: (start, end) for key, start, _, _, end in members}
+        last = members[-1][4] if members else found[-1][3] + 1
+        parts = tuple((key, (start, key_start) if k else None, (key_start, value_start), (value_start, end))
+                      for k, (key, start, key_start, value_start, end) in enumerate(members))
+        return CallSpans(spans, (last, close + 1), parts)
     return None
 
 
@@ -122,7 +134,8 @@ def argument_token_spans(tokenizer: Any, token_ids: Sequence[int]) -> CallSpans 
     def tokens(span: tuple[int, int]) -> tuple[int, int]:  # tokens k with ends[k] > start and ends[k-1] < end
         return bisect.bisect_right(ends, span[0]), min(bisect.bisect_left(ends, span[1]) + 1, len(ends))
 
-    return CallSpans({k: tokens(s) for k, s in spans.arguments.items()}, tokens(spans.close))
+    parts = tuple((name, sep and tokens(sep), tokens(key), tokens(value)) for name, sep, key, value in spans.members)
+    return CallSpans({k: tokens(s) for k, s in spans.arguments.items()}, tokens(spans.close), parts)
 
 
 def reward_arguments(episode: Any, tokenizer: Any, verdicts: dict[str, bool], missing: bool, step: int = -1) -> int:
@@ -145,4 +158,36 @@ def reward_arguments(episode: Any, tokenizer: Any, verdicts: dict[str, bool], mi
     return len(rewarded)
 
 
-__all__ = ["CallSpans", "argument_char_spans", "argument_token_spans", "reward_arguments", "token_ends"]
+def reward_decisions(episode: Any, tokenizer: Any, asked: Collection[str], right: Mapping[str, bool],
+                     step: int = -1) -> int:
+    """Per-decision credit on a step's first tool call, each decision judged in the state it was
+    made in: a separator (`,`) +1 when an argument `asked` for was still unwritten, else -1; a key
+    +1 when it is asked for and not yet written, else -1; an asked argument's value +1 when
+    `right[name]`, else -1 (an argument not asked for gets no value reward: its key had it);
+    `close` +1 when every asked argument was written, else -1. Keyed 'separator', 'key', 'value'
+    and 'close'. `right` names every argument written (what `argument_verdicts` gives).
+    Returns how many spans were rewarded: 0 where the completion holds no well-formed call, or
+    its arguments are not those `right` names."""
+    steps = episode.trajectory.transitions
+    if not -len(steps) <= step < len(steps):
+        raise InvalidArgument(f"reward_decisions: no step {step} in an episode of {len(steps)} steps")
+    spans = argument_token_spans(tokenizer, steps[step].completion_token_ids)
+    if spans is None or set(spans.arguments) != set(right):
+        return 0  # not the call `right` judged: no span is rewarded rather than a wrong one
+    rewarded, written = [], set()
+    for name, separator, key, value in spans.members:
+        if separator is not None:
+            rewarded.append((1.0 if set(asked) - written else -1.0, separator, "separator"))
+        fresh = name in asked and name not in written
+        rewarded.append((1.0 if fresh else -1.0, key, "key"))
+        if fresh:
+            rewarded.append((1.0 if right[name] else -1.0, value, "value"))
+        written.add(name)
+    rewarded.append((-1.0 if set(asked) - written else 1.0, spans.close, "close"))
+    for value, (start, end), key in rewarded:
+        episode.span_reward(value, start, end, step=step, key=key)
+    return len(rewarded)
+
+
+__all__ = ["CallSpans", "argument_char_spans", "argument_token_spans", "reward_arguments", "reward_decisions",
+           "token_ends"]
