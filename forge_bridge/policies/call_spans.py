@@ -41,8 +41,8 @@ class CallSpans:
     members: tuple[tuple[str, tuple[int, int] | None, tuple[int, int], tuple[int, int]], ...] = ()
     """Each argument in the order written, split into its decisions: (name, separator, key, value).
     The separator runs from the end of the previous value to the key (the `,`: go on writing
-    arguments; None before the first), the key from its `"` to the value (which argument), the
-    value to its end (what it is)."""
+    arguments; None before the first), the key from its `"` through the `:` (which argument), the
+    value from its first character to its end (what it is)."""
 
 
 def _skip_space(text: str, i: int) -> int:
@@ -51,12 +51,13 @@ def _skip_space(text: str, i: int) -> int:
     return i
 
 
-def _members(text: str, i: int) -> tuple[list[tuple[str, int, int, int, int]], int]:
-    """The members of the JSON object whose `{` is at i: (key, span start, key start, value start,
-    value end) each, and the index of its closing `}`. Raises ValueError or IndexError when malformed."""
+def _members(text: str, i: int) -> tuple[list[tuple[str, int, int, int, int, int]], int]:
+    """The members of the JSON object whose `{` is at i: (key, span start, key start, colon, value
+    start, value end) each, and the index of its closing `}`. Raises ValueError or IndexError when
+    malformed."""
     if text[i] != "{":
         raise ValueError("not an object")
-    members: list[tuple[str, int, int, int, int]] = []
+    members: list[tuple[str, int, int, int, int, int]] = []
     start = i + 1
     j = _skip_space(text, start)
     if text[j] == "}":
@@ -69,9 +70,10 @@ def _members(text: str, i: int) -> tuple[list[tuple[str, int, int, int, int]], i
         j = _skip_space(text, j)
         if text[j] != ":":
             raise ValueError("no ':' after a key")
+        colon = j
         value_start = _skip_space(text, j + 1)
         _, value_end = _DECODER.raw_decode(text, value_start)
-        members.append((key, start, key_start, value_start, value_end))
+        members.append((key, start, key_start, colon, value_start, value_end))
         j = _skip_space(text, value_end)
         if text[j] == "}":
             return members, j
@@ -97,13 +99,13 @@ def argument_char_spans(text: str) -> CallSpans | None:
             found = [m for m in outer if m[0] == "arguments"] or [m for m in outer if m[0] == "parameters"]
             if not found:
                 return None
-            members, close = _members(text, found[-1][3])
+            members, close = _members(text, found[-1][4])
         except (ValueError, IndexError):
             return None  # e.g. arguments given as a JSON string
-        spans = {key: (start, end) for key, start, _, _, end in members}
-        last = members[-1][4] if members else found[-1][3] + 1
-        parts = tuple((key, (start, key_start) if k else None, (key_start, value_start), (value_start, end))
-                      for k, (key, start, key_start, value_start, end) in enumerate(members))
+        spans = {key: (start, end) for key, start, _, _, _, end in members}
+        last = members[-1][5] if members else found[-1][4] + 1
+        parts = tuple((key, (start, key_start) if k else None, (key_start, colon + 1), (value_start, end))
+                      for k, (key, start, key_start, colon, value_start, end) in enumerate(members))
         return CallSpans(spans, (last, close + 1), parts)
     return None
 

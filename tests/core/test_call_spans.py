@@ -135,12 +135,12 @@ def test_each_argument_splits_into_its_separator_key_and_value():
     spans = argument_char_spans(CALL)
     parts = [(name, sep and CALL[slice(*sep)], CALL[slice(*key)], CALL[slice(*value)])
              for name, sep, key, value in spans.members]
-    assert parts == [("a", None, '"a": ', "1"), ("b", ", ", '"b": ', '"x"')]
+    assert parts == [("a", None, '"a":', "1"), ("b", ", ", '"b":', '"x"')]
 
 
 def test_decisions_are_rewarded_in_the_state_they_were_made_in(tmp_path):
     # asked: a and b. Written: a (right), c (not asked, while b was still missing), a again, close.
-    pieces = ['<tool_call>{"name": "f", "arguments": {', '"a": ', '1', ', ', '"c": ', '2', ', ', '"a": ', '3',
+    pieces = ['<tool_call>{"name": "f", "arguments": {', '"a":', ' 1', ', ', '"c":', ' 2', ', ', '"a":', ' 3',
               '}}', '</tool_call>']
     tok = PieceTokenizer(pieces)
     ids = list(range(len(pieces)))
