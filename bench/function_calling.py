@@ -261,12 +261,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="the call's advantage on all its tokens, or also +1/-1 on each argument's tokens "
                         "(and on the tokens that close the arguments), or on each decision's tokens "
                         "(separator, key, value, close; reward_decisions)")
-    p.add_argument("--span-weight", type=float, default=1.0, help="weight of the argument spans' rewards "
-                   "in their tokens' advantages (with --credit argument)")
+    p.add_argument("--span-weight", type=float, default=1.0, help="weight of the span rewards in their "
+                   "tokens' advantages (with --credit argument or decision)")
     p.add_argument("--span-baseline", choices=("none", "group"), default="none",
                    help="the argument spans' rewards as given (+1/-1), or each minus its argument's mean "
                         "over the rollouts compared, 0 where one did not write it (the group; with "
-                        "--baseline batch, every rollout of the iteration; with --credit argument)")
+                        "--baseline batch, every rollout of the iteration; with --credit argument or decision)")
     p.add_argument("--baseline", choices=("group", "batch"), default="group")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--max-tokens", type=int, default=96)

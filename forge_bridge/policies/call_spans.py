@@ -147,17 +147,12 @@ def reward_arguments(episode: Any, tokenizer: Any, verdicts: dict[str, bool], mi
     'argument:<name>' and 'close' for GRPO's `span_baseline='group'`.
     Returns how many spans were rewarded: 0 where the completion holds no well-formed call, or
     its arguments are not those `verdicts` names."""
-    steps = episode.trajectory.transitions
-    if not -len(steps) <= step < len(steps):
-        raise InvalidArgument(f"reward_arguments: no step {step} in an episode of {len(steps)} steps")
-    spans = argument_token_spans(tokenizer, steps[step].completion_token_ids)
-    if spans is None or set(spans.arguments) != set(verdicts):
-        return 0  # not the call the verdicts judged: no span is rewarded rather than a wrong one
+    spans = _judged_spans("reward_arguments", episode, tokenizer, verdicts, step)
+    if spans is None:
+        return 0
     rewarded = [(1.0 if ok else -1.0, spans.arguments[name], "argument:" + name) for name, ok in verdicts.items()]
     rewarded.append((-1.0 if missing else 1.0, spans.close, "close"))
-    for value, (start, end), key in rewarded:
-        episode.span_reward(value, start, end, step=step, key=key)
-    return len(rewarded)
+    return _give(episode, rewarded, step)
 
 
 def reward_decisions(episode: Any, tokenizer: Any, asked: Collection[str], right: Mapping[str, bool],
@@ -170,12 +165,9 @@ def reward_decisions(episode: Any, tokenizer: Any, asked: Collection[str], right
     and 'close'. `right` names every argument written (what `argument_verdicts` gives).
     Returns how many spans were rewarded: 0 where the completion holds no well-formed call, or
     its arguments are not those `right` names."""
-    steps = episode.trajectory.transitions
-    if not -len(steps) <= step < len(steps):
-        raise InvalidArgument(f"reward_decisions: no step {step} in an episode of {len(steps)} steps")
-    spans = argument_token_spans(tokenizer, steps[step].completion_token_ids)
-    if spans is None or set(spans.arguments) != set(right):
-        return 0  # not the call `right` judged: no span is rewarded rather than a wrong one
+    spans = _judged_spans("reward_decisions", episode, tokenizer, right, step)
+    if spans is None:
+        return 0
     rewarded, written = [], set()
     for name, separator, key, value in spans.members:
         if separator is not None:
@@ -186,6 +178,21 @@ def reward_decisions(episode: Any, tokenizer: Any, asked: Collection[str], right
             rewarded.append((1.0 if right[name] else -1.0, value, "value"))
         written.add(name)
     rewarded.append((-1.0 if set(asked) - written else 1.0, spans.close, "close"))
+    return _give(episode, rewarded, step)
+
+
+def _judged_spans(what: str, episode: Any, tokenizer: Any, judged: Collection[str], step: int) -> CallSpans | None:
+    """The token spans of a step's first call, or None where it holds no well-formed call or its
+    arguments are not the `judged` ones (then no span is rewarded rather than a wrong one)."""
+    steps = episode.trajectory.transitions
+    if not -len(steps) <= step < len(steps):
+        raise InvalidArgument(f"{what}: no step {step} in an episode of {len(steps)} steps")
+    spans = argument_token_spans(tokenizer, steps[step].completion_token_ids)
+    return spans if spans is not None and set(spans.arguments) == set(judged) else None
+
+
+def _give(episode: Any, rewarded: list[tuple[float, tuple[int, int], str]], step: int) -> int:
+    """Record (value, token span, key) rewards on a step; how many."""
     for value, (start, end), key in rewarded:
         episode.span_reward(value, start, end, step=step, key=key)
     return len(rewarded)
