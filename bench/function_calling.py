@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--span-weight", type=float, default=1.0, help="weight of the span rewards in their "
                    "tokens' advantages (with --credit argument or decision)")
     p.add_argument("--span-baseline", choices=("none", "group"), default="none",
-                   help="the argument spans' rewards as given (+1/-1), or each minus its argument's mean "
+                   help="the span rewards as given (+1/-1), or each minus its key's mean "
                         "over the rollouts compared, 0 where one did not write it (the group; with "
                         "--baseline batch, every rollout of the iteration; with --credit argument or decision)")
     p.add_argument("--baseline", choices=("group", "batch"), default="group")

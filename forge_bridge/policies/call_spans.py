@@ -160,7 +160,8 @@ def reward_decisions(episode: Any, tokenizer: Any, asked: Collection[str], right
     """Per-decision credit on a step's first tool call, each decision judged in the state it was
     made in: a separator (`,`) +1 when an argument `asked` for was still unwritten, else -1; a key
     +1 when it is asked for and not yet written, else -1; an asked argument's value +1 when
-    `right[name]`, else -1 (an argument not asked for gets no value reward: its key had it);
+    `right[name]`, else -1 (an argument not asked for gets no value reward: its key had it; nor does
+    one written twice, whose verdict is of the last copy, the one JSON keeps);
     `close` +1 when every asked argument was written, else -1. Keyed 'separator', 'key', 'value'
     and 'close'. `right` names every argument written (what `argument_verdicts` gives).
     Returns how many spans were rewarded: 0 where the completion holds no well-formed call, or
@@ -169,12 +170,13 @@ def reward_decisions(episode: Any, tokenizer: Any, asked: Collection[str], right
     if spans is None:
         return 0
     rewarded, written = [], set()
+    copies = [m[0] for m in spans.members]
     for name, separator, key, value in spans.members:
         if separator is not None:
             rewarded.append((1.0 if set(asked) - written else -1.0, separator, "separator"))
         fresh = name in asked and name not in written
         rewarded.append((1.0 if fresh else -1.0, key, "key"))
-        if fresh:
+        if fresh and copies.count(name) == 1:
             rewarded.append((1.0 if right[name] else -1.0, value, "value"))
         written.add(name)
     rewarded.append((-1.0 if set(asked) - written else 1.0, spans.close, "close"))

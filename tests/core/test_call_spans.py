@@ -126,9 +126,13 @@ def test_token_spans_of_real_tokenizations_hold_exactly_their_arguments_text(whi
             assert text[a:b] not in tok.decode(ids[s + 1:e]) and text[a:b] not in tok.decode(ids[s:e - 1])
         s, e = tokens.close
         assert "}" in tok.decode(ids[s:e]) and e <= len(ids)
+        assert [m[0] for m in tokens.members] == [m[0] for m in chars.members] == list(chars.arguments)
         for char_parts, token_parts in zip(chars.members, tokens.members):
+            assert [p is None for p in char_parts[1:]] == [p is None for p in token_parts[1:]]
             for (a, b), (s, e) in zip([p for p in char_parts[1:] if p], [p for p in token_parts[1:] if p]):
-                assert text[a:b] in tok.decode(ids[s:e])  # separator, key, value: each in its tokens
+                # separator, key, value: each in its tokens, and no token more than it needs
+                assert text[a:b] in tok.decode(ids[s:e])
+                assert text[a:b] not in tok.decode(ids[s + 1:e]) and text[a:b] not in tok.decode(ids[s:e - 1])
 
 
 def test_each_argument_splits_into_its_separator_key_and_value():
@@ -136,6 +140,10 @@ def test_each_argument_splits_into_its_separator_key_and_value():
     parts = [(name, sep and CALL[slice(*sep)], CALL[slice(*key)], CALL[slice(*value)])
              for name, sep, key, value in spans.members]
     assert parts == [("a", None, '"a":', "1"), ("b", ", ", '"b":', '"x"')]
+    spaced = '<tool_call>{"name": "f", "arguments": { "a" : [1, {"c": "}"}] ,"b":null } }</tool_call>'
+    parts = [(name, sep and spaced[slice(*sep)], spaced[slice(*key)], spaced[slice(*value)])
+             for name, sep, key, value in argument_char_spans(spaced).members]
+    assert parts == [("a", None, '"a" :', '[1, {"c": "}"}]'), ("b", " ,", '"b":', "null")]
 
 
 def test_decisions_are_rewarded_in_the_state_they_were_made_in(tmp_path):
@@ -149,14 +157,15 @@ def test_decisions_are_rewarded_in_the_state_they_were_made_in(tmp_path):
         ep.record(Transition(observation=Observation(messages=[{"role": "user", "content": "q"}]),
                              action=Action(content=""), prompt_token_ids=[1], completion_token_ids=ids,
                              completion_logprobs=[-0.1] * len(ids)))
-        # json keeps the last "a" (3): judged wrong; what a call judged on other arguments gets nothing
-        assert reward_decisions(ep, tok, {"a", "b"}, {"a": False, "c": False}, step=0) == 7
+        # json keeps the last "a" (3), judged wrong: no value of a repeated argument is rewarded (the
+        # first copy's 1 was right); what a call judged on other arguments gets nothing
+        assert reward_decisions(ep, tok, {"a", "b"}, {"a": False, "c": False}, step=0) == 6
         assert reward_decisions(ep, tok, {"a", "b"}, {"a": False}) == 0
         with pytest.raises(ValueError, match="reward_decisions: no step -2"):
             reward_decisions(ep, tok, {"a"}, {"a": True}, step=-2)
     (step,) = store.get(ep.id).transitions
     assert step.info["span_rewards"] == [
-        [1, 2, 1.0, "key"], [2, 3, -1.0, "value"],        # a: asked and new; its value judged wrong
+        [1, 2, 1.0, "key"],                               # a: asked and new; written again below
         [3, 4, 1.0, "separator"], [4, 5, -1.0, "key"],    # go on: b still missing; c is not asked
         [6, 7, 1.0, "separator"], [7, 8, -1.0, "key"],    # b still missing; a again is not new
         [9, 10, -1.0, "close"]]                           # closed with b missing
