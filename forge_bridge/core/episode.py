@@ -205,8 +205,13 @@ class Episode:
                                            metadata=self._traj.metadata,
                                            end_detail=self._traj.end_detail)
 
-    def _step_index(self, what: str, step: int) -> int:
-        """The index of recorded step `step` (negative counts from the end); one not recorded raises."""
+    def _rewarded_step(self, what: str, value: float, step: int) -> int:
+        """The index of recorded step `step` (negative counts from the end) for a reward `value`:
+        no step recorded yet, a value that is not a finite number, or a step not recorded raises."""
+        if not self._traj.transitions:
+            raise InvalidArgument(f"{what}: no step has been recorded in this episode yet")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise InvalidArgument(f"{what}: expected a finite number, got {value!r}")
         n = len(self._traj.transitions)
         if isinstance(step, bool) or not isinstance(step, int) or not -n <= step < n:
             raise InvalidArgument(f"{what}: step: expected an integer in [{-n}, {n}) (the {n} steps recorded), "
@@ -215,11 +220,7 @@ class Episode:
 
     def step_reward(self, value: float, step: int = -1) -> None:
         """A reward on one step (the latest by default), added to what it already has."""
-        if not self._traj.transitions:
-            raise InvalidArgument("step_reward: no step has been recorded in this episode yet")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise InvalidArgument(f"step_reward: expected a finite number, got {value!r}")
-        index = self._step_index("step_reward", step)
+        index = self._rewarded_step("step_reward", value, step)
         self.update(index, lambda t: setattr(t, "reward", t.reward + float(value)))
 
     def span_reward(self, value: float, start: int, end: int, step: int = -1, key: str | None = None) -> None:
@@ -229,11 +230,7 @@ class Episode:
         the span is compared with under GRPO's `span_baseline='group'` (the spans of the same key in
         the other rollouts, e.g. one argument's name). Recorded in `info['span_rewards']` as
         [start, end, value] or [start, end, value, key]."""
-        if not self._traj.transitions:
-            raise InvalidArgument("span_reward: no step has been recorded in this episode yet")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise InvalidArgument(f"span_reward: expected a finite number, got {value!r}")
-        index = self._step_index("span_reward", step)
+        index = self._rewarded_step("span_reward", value, step)
         n = len(self._traj.transitions[index].completion_token_ids)
         if not (all(isinstance(x, int) and not isinstance(x, bool) for x in (start, end)) and 0 <= start < end <= n):
             raise InvalidArgument(f"span_reward: expected 0 <= start < end <= {n} (the step's completion "
