@@ -3,6 +3,7 @@ generated function-calling suite (`forge_bridge.app.tasks.functions`), held-out 
 
     .venv/bin/python bench/function_calling.py [--seeds 0 1 2] [--iterations 6] [--out runs/bench-fc]
     .venv/bin/python bench/function_calling.py --breakdown runs/bench-fc  # what the calls got wrong, what they wrote
+    .venv/bin/python bench/function_calling.py --transfer runs/bench-fc   # practised functions vs unseen ones
 
 Per seed: an ordinary LangChain `create_agent` agent, built per function with that function as
 its one tool, on the embedded SmolLM2-135M through `ForgeMiddleware`; `--demos` demonstrations
@@ -34,6 +35,7 @@ import json
 import random
 import statistics
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -170,6 +172,56 @@ def breakdown_of(run: Path) -> list[dict]:
     return results
 
 
+def transfer_of(run: Path, n: int) -> list[dict]:
+    """Greedy exact rates of an earlier run's SFT adapter (its first) and SFT+RL adapter (its last),
+    side by side in one process, on up to `n` requests each of: training functions GRPO practised
+    on (requests not demonstrated), training functions neither demonstrated nor practised, and the
+    split the run reported. Does RL improve the functions it practised, and only those?"""
+    import forge_bridge as fb
+    from forge_bridge.app.tasks.functions import generate_suite, split_by_function
+    from forge_bridge.core.store import TrajectoryStore
+
+    recorded = json.loads((run / "fc.json").read_text())
+    a = recorded["args"]
+    train, validation, held_out = split_by_function(generate_suite(a["functions"], seed=0), seed=0)
+    reported = (held_out if a["split"] == "held_out" else validation)[:a["eval_tasks"]]
+    results = []
+    for r in recorded["results"]:
+        seed, folder = r["seed"], run / f"seed{r['seed']}"
+        demonstrated = {t.id for t in random.Random(seed).sample(train, a["demos"])}  # as run_seed drew them
+        with TrajectoryStore(folder / "trajectories.db") as store:
+            practised = {t.task_id for t in store.trajectories()
+                         if t.run_id not in ("demonstrations", "eval-sft", "eval-rl")}
+        fn_of = {t.id: t.function for t in train}
+        practised_fns = {fn_of[i] for i in practised}
+        seen_fns = practised_fns | {fn_of[i] for i in demonstrated}
+        groups = {
+            "practised": [t for t in train if t.function in practised_fns and t.id not in demonstrated][:n],
+            "unseen (train split)": [t for t in train if t.function not in seen_fns][:n],
+            a["split"]: reported[:n]}
+        adapters = sorted((folder / "run" / "adapters").iterdir(), key=lambda d: int(d.name.rsplit("-v", 1)[1]))
+        policy = fb.LocalPolicy(a["model"], max_batch=a["concurrency"])
+        scores: dict = {"seed": seed, "sizes": {g: len(ts) for g, ts in groups.items()}}
+        with tempfile.TemporaryDirectory() as tmp, TrajectoryStore(Path(tmp) / "transfer.db") as scratch:
+            for phase, adapter in (("SFT", adapters[0]), ("SFT+RL", adapters[-1])):
+                policy.load_adapter(adapter, f"transfer-{phase.replace('+', '')}")
+                scores[phase] = {g: evaluate(policy, ts, scratch, f"{phase}-{g}", a["max_tokens"], a["concurrency"])
+                                 for g, ts in groups.items()}
+        policy.close()
+        results.append(scores)
+    return results
+
+
+def print_transfer(results: list[dict]) -> None:
+    groups = list(results[0]["sizes"])
+    print("\n| seed | " + " | ".join(f"{g}: SFT → SFT+RL" for g in groups) + " |")
+    print("| --- |" + " --- |" * len(groups))
+    for r in results:
+        print(f"| {r['seed']} | " + " | ".join(
+            f"{100 * r['SFT'][g]:.0f} → {100 * r['SFT+RL'][g]:.0f} % ({100 * (r['SFT+RL'][g] - r['SFT'][g]):+.0f}, "
+            f"n = {r['sizes'][g]})" for g in groups) + " |")
+
+
 def run_seed(seed: int, args) -> dict:
     import torch
 
@@ -207,7 +259,7 @@ def run_seed(seed: int, args) -> dict:
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
         group_size=args.group_size, lr=args.lr, baseline=args.baseline, span_weight=args.span_weight,
         span_baseline=args.span_baseline,
-        warmup_steps=2, minibatch_size=128, microbatch_size=8,
+        warmup_steps=2, minibatch_size=args.minibatch_size, epochs=args.epochs, microbatch_size=8,
         concurrency=args.concurrency, max_seq_len=1024, merge_steps=True, run_name="fc",
         out_dir=str(out / "run"), seed=seed, progress=not args.quiet), recorder=fb.Recorder(store))
     sft = supervised_finetune(trainer, demos, SFTConfig(epochs=args.sft_epochs, lr=args.sft_lr, batch_size=8))
@@ -255,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks-per-iteration", type=int, default=6)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--minibatch-size", type=int, default=128,
+                   help="sequences per GRPO optimiser step (128: one step on each iteration's samples)")
+    p.add_argument("--epochs", type=int, default=1, help="GRPO passes over each iteration's samples")
     p.add_argument("--reward", choices=("exact", "partial"), default="partial",
                    help="RL reward: the exact check (pass/fail) or the share of arguments right")
     p.add_argument("--credit", choices=("call", "argument", "decision"), default="call",
@@ -276,11 +331,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--breakdown", metavar="RUN", help="print what an earlier run's (--out RUN) evaluated "
                    "calls got wrong (on the split that run evaluated), and stop")
+    p.add_argument("--transfer", metavar="RUN", help="evaluate an earlier run's SFT and SFT+RL adapters, "
+                   "greedily, on functions GRPO practised, on unseen training functions and on its split "
+                   "(up to --eval-tasks requests each), and stop")
     args = p.parse_args(argv)
+    for flag in ("breakdown", "transfer"):
+        if getattr(args, flag) and not (Path(getattr(args, flag)) / "fc.json").is_file():
+            p.error(f"--{flag} {getattr(args, flag)}: no fc.json there (an earlier run's --out)")
     if args.breakdown:
-        if not (Path(args.breakdown) / "fc.json").is_file():
-            p.error(f"--breakdown {args.breakdown}: no fc.json there (an earlier run's --out)")
         print_errors(breakdown_of(Path(args.breakdown)))
+        return 0
+    if args.transfer:
+        print_transfer(transfer_of(Path(args.transfer), args.eval_tasks))
         return 0
     if Path(args.out).exists() and any(Path(args.out).iterdir()):
         p.error(f"--out {args.out} holds an earlier run: move it away or name another folder")
