@@ -184,7 +184,7 @@ def transfer_of(run: Path, n: int) -> list[dict]:
     recorded = json.loads((run / "fc.json").read_text())
     a = recorded["args"]
     train, validation, held_out = split_by_function(generate_suite(a["functions"], seed=0), seed=0)
-    reported = (held_out if a["split"] == "held_out" else validation)[:a["eval_tasks"]]
+    reported = held_out if a["split"] == "held_out" else validation  # the first n: the run's own first
     results = []
     for r in recorded["results"]:
         seed, folder = r["seed"], run / f"seed{r['seed']}"
