@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -174,52 +175,61 @@ def breakdown_of(run: Path) -> list[dict]:
 
 def transfer_of(run: Path, n: int) -> list[dict]:
     """Greedy exact rates of an earlier run's SFT adapter (its first) and SFT+RL adapter (its last),
-    side by side in one process, on up to `n` requests each of: training functions GRPO practised
-    on (requests not demonstrated), training functions neither demonstrated nor practised, and the
-    split the run reported. Does RL improve the functions it practised, and only those?"""
+    side by side in one process, on the first `n` requests (at most) of each of: training functions
+    GRPO practised on (requests not demonstrated), training functions neither demonstrated nor
+    practised, and the split the run reported. Does RL improve the functions it practised, and only those?"""
     import forge_bridge as fb
     from forge_bridge.app.tasks.functions import generate_suite, split_by_function
+    from forge_bridge.core.runs import read_run_id
     from forge_bridge.core.store import TrajectoryStore
 
     recorded = json.loads((run / "fc.json").read_text())
     a = recorded["args"]
     train, validation, held_out = split_by_function(generate_suite(a["functions"], seed=0), seed=0)
-    reported = held_out if a["split"] == "held_out" else validation  # the first n: the run's own first
+    reported = held_out if a["split"] == "held_out" else validation
+    fn_of = {t.id: t.function for t in train}
     results = []
     for r in recorded["results"]:
         seed, folder = r["seed"], run / f"seed{r['seed']}"
+        db, adapter_dir = folder / "trajectories.db", folder / "run" / "adapters"
+        for needed in (db, adapter_dir):
+            if not needed.exists():
+                sys.exit(f"--transfer {run}: {needed} is missing")
+        versions = {int(m[1]): d for d in adapter_dir.iterdir() if (m := re.fullmatch(r"fc-v(\d+)", d.name))}
+        if sorted(versions) != list(range(1, len(r["training_reward"]) + 2)):
+            sys.exit(f"--transfer {run}: {adapter_dir} holds versions {sorted(versions)}; expected fc-v1 "
+                     f"(the SFT warm start) to fc-v{len(r['training_reward']) + 1}")
         demonstrated = {t.id for t in random.Random(seed).sample(train, a["demos"])}  # as run_seed drew them
-        with TrajectoryStore(folder / "trajectories.db") as store:
-            practised = {t.task_id for t in store.trajectories()
-                         if t.run_id not in ("demonstrations", "eval-sft", "eval-rl")}
-        fn_of = {t.id: t.function for t in train}
+        with TrajectoryStore(db) as store:
+            practised = {t.task_id for t in store.iter(run_id=read_run_id(folder / "run", "fc"))}
         practised_fns = {fn_of[i] for i in practised}
         seen_fns = practised_fns | {fn_of[i] for i in demonstrated}
         groups = {
             "practised": [t for t in train if t.function in practised_fns and t.id not in demonstrated][:n],
             "unseen (train split)": [t for t in train if t.function not in seen_fns][:n],
             a["split"]: reported[:n]}
-        adapters = sorted((folder / "run" / "adapters").iterdir(), key=lambda d: int(d.name.rsplit("-v", 1)[1]))
+        groups = {g: ts for g, ts in groups.items() if ts}
         policy = fb.LocalPolicy(a["model"], max_batch=a["concurrency"])
         scores: dict = {"seed": seed, "sizes": {g: len(ts) for g, ts in groups.items()}}
-        with tempfile.TemporaryDirectory() as tmp, TrajectoryStore(Path(tmp) / "transfer.db") as scratch:
-            for phase, adapter in (("SFT", adapters[0]), ("SFT+RL", adapters[-1])):
-                policy.load_adapter(adapter, f"transfer-{phase.replace('+', '')}")
-                scores[phase] = {g: evaluate(policy, ts, scratch, f"{phase}-{g}", a["max_tokens"], a["concurrency"])
-                                 for g, ts in groups.items()}
-        policy.close()
+        try:
+            with tempfile.TemporaryDirectory() as tmp, TrajectoryStore(Path(tmp) / "transfer.db") as scratch:
+                for phase, version in (("SFT", 1), ("SFT+RL", max(versions))):
+                    policy.load_adapter(versions[version], f"transfer-{phase.replace('+', '')}")
+                    scores[phase] = {g: evaluate(policy, ts, scratch, f"{phase}-{g}", a["max_tokens"],
+                                                 a["concurrency"]) for g, ts in groups.items()}
+        finally:
+            policy.close()
         results.append(scores)
     return results
 
 
 def print_transfer(results: list[dict]) -> None:
-    groups = list(results[0]["sizes"])
-    print("\n| seed | " + " | ".join(f"{g}: SFT → SFT+RL" for g in groups) + " |")
-    print("| --- |" + " --- |" * len(groups))
+    print("\n| seed | group: SFT → SFT+RL (gain, requests) |")
+    print("| --- | --- |")
     for r in results:
-        print(f"| {r['seed']} | " + " | ".join(
-            f"{100 * r['SFT'][g]:.0f} → {100 * r['SFT+RL'][g]:.0f} % ({100 * (r['SFT+RL'][g] - r['SFT'][g]):+.0f}, "
-            f"n = {r['sizes'][g]})" for g in groups) + " |")
+        print(f"| {r['seed']} | " + "; ".join(
+            f"{g}: {100 * r['SFT'][g]:.0f} → {100 * r['SFT+RL'][g]:.0f} % "
+            f"({100 * (r['SFT+RL'][g] - r['SFT'][g]):+.0f}, n = {n})" for g, n in r["sizes"].items()) + " |")
 
 
 def run_seed(seed: int, args) -> dict:
@@ -299,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--functions", type=int, default=300)
     p.add_argument("--split", choices=("validation", "held_out"), default="held_out")
-    p.add_argument("--eval-tasks", type=int, default=60, help="requests of the reported split evaluated")
+    p.add_argument("--eval-tasks", type=int, default=60, help="requests of the reported split evaluated "
+                   "(with --transfer: the first this many of each group)")
     p.add_argument("--demos", type=int, default=48)
     p.add_argument("--sft-epochs", type=int, default=2)
     p.add_argument("--sft-lr", type=float, default=1e-3)
@@ -308,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--minibatch-size", type=int, default=128,
-                   help="sequences per GRPO optimiser step (128: one step on each iteration's samples)")
+                   help="sequences per GRPO optimiser step (128: one step per iteration at the default schedule)")
     p.add_argument("--epochs", type=int, default=1, help="GRPO passes over each iteration's samples")
     p.add_argument("--reward", choices=("exact", "partial"), default="partial",
                    help="RL reward: the exact check (pass/fail) or the share of arguments right")
@@ -335,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
                    "greedily, on functions GRPO practised, on unseen training functions and on its split "
                    "(up to --eval-tasks requests each), and stop")
     args = p.parse_args(argv)
+    if args.eval_tasks < 1:
+        p.error(f"--eval-tasks: expected at least 1, got {args.eval_tasks}")
     for flag in ("breakdown", "transfer"):
         if getattr(args, flag) and not (Path(getattr(args, flag)) / "fc.json").is_file():
             p.error(f"--{flag} {getattr(args, flag)}: no fc.json there (an earlier run's --out)")
