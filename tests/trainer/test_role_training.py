@@ -57,8 +57,10 @@ def test_each_role_trains_its_own_lora_and_the_live_crew_serves_each_role_its_ne
         history = trainer.train(crew_rollout(policy), [{"id": "paris"}], iterations=2)
     finally:
         trainer.close()
-    # each role's groups trained its own LoRA; the shared one had no trajectories and stays at init
-    assert all(h["researcher/batch_samples"] > 0 and h["writer/batch_samples"] > 0 for h in history)
+    # each role's groups trained its own LoRA (in some iteration: a group whose three replies score
+    # alike, e.g. the writer saying '</tool_call>' three times, is skipped); the shared one had no
+    # trajectories and stays at init
+    assert all(sum(h[f"{role}/batch_samples"] for h in history) > 0 for role in ("researcher", "writer"))
     assert float(lora_B(trainer, "default").abs().max()) == 0.0
     researcher, writer = lora_B(trainer, "researcher"), lora_B(trainer, "writer")
     assert float(researcher.abs().max()) > 0 and float(writer.abs().max()) > 0
