@@ -11,6 +11,7 @@ rollouts did (the sequence of tool calls), and the greedy success of the single-
 the validation tasks (what the warm start did learn).
 
     .venv/bin/python bench/exploration.py [--sft-epochs 1 2] [--seed 0] [--samples 4] [--bridge KIND ...]
+        [--system-prompt P] [--calls-only KIND ...]
     .venv/bin/python bench/exploration.py --forced [--sft-epochs 1 2 3]
 
 `--forced` asks instead whether a turn-level exploration scheme could find the second call. On
@@ -27,8 +28,14 @@ of `lookup_multiply` itself: `multiply_chain` (a multiply on the previous multip
 `lookup_max` (two lookups) use one tool each; `lookup_and_multiply` (a lookup, then a multiply
 whose arguments come from the question) uses both. docs/demo-experiments.md has the results.
 
-What it does not cover: other models (a larger one may compose the two calls on its own), other
-prompts or tool descriptions, and any exploration bonus. `--forced` measures what forcing a
+`--system-prompt P` gives the agent instructions (the demonstrations, recorded through it, carry
+them too). `--calls-only KIND ...` trains the SFT on those kinds' tool calls only, leaving out
+their answers after a tool's result. Each sampled row also counts the rollouts that call
+`multiply` right after their first lookup, and those whose multiply has the looked-up population
+as an argument.
+
+What it does not cover: other models (a larger one may compose the two calls on its own), tool
+descriptions or prompts other than the one given, and any exploration bonus. `--forced` measures what forcing a
 call's opening would find; it does not train on it (no such exploration is built).
 """
 
@@ -36,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -53,6 +61,10 @@ def main() -> None:
                     help="also demonstrate these two-call kinds (BRIDGE_KINDS), never lookup_multiply itself")
     ap.add_argument("--forced", action="store_true",
                     help="measure the second call after a correct lookup, with a tool call's opening forced")
+    ap.add_argument("--system-prompt", default=None,
+                    help="give the agent (and so the demonstrations, recorded through it) these instructions")
+    ap.add_argument("--calls-only", nargs="+", default=[], metavar="KIND", choices=("multiply", "lookup", *BRIDGE_KINDS),
+                    help="SFT on these kinds' demonstrated tool calls only, not on their answers after a tool's result")
     ap.add_argument("--out", default="runs/bench-exploration")
     args = ap.parse_args()
     args.bridge = list(dict.fromkeys(args.bridge))  # each kind once
@@ -76,7 +88,7 @@ def main() -> None:
         shutil.rmtree(out, ignore_errors=True)
         store = TrajectoryStore(out / "trajectories.db")
         policy = fb.LocalPolicy("smollm2-135m-instruct", max_batch=20)
-        agent = build_agent(policy, 0.7, 48)
+        agent = build_agent(policy, 0.7, 48, system_prompt=args.system_prompt)
 
         def run(agent, task, recorder, temperature, seed=None):
             with fb.sampling(temperature=temperature), \
@@ -91,7 +103,7 @@ def main() -> None:
                 ep.reward(float(passed))
                 return passed
 
-        expert = build_agent(ScriptedPolicy(expert_reply, policy.tokenizer), 0.0, 48)
+        expert = build_agent(ScriptedPolicy(expert_reply, policy.tokenizer), 0.0, 48, system_prompt=args.system_prompt)
         demos = fb.Recorder(store, "demonstrations")
         with ThreadPoolExecutor(20) as pool:
             list(pool.map(lambda t: run(expert, t, demos, 0.0), single))
@@ -99,6 +111,8 @@ def main() -> None:
                                                        progress=False, max_seq_len=768, merge_steps=True,
                                                        microbatch_size=8), recorder=fb.Recorder(store))
         recorded = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
+        recorded = [dataclasses.replace(t, transitions=[s for s in t.transitions if s.action.tool_calls])
+                    if t.task_id.rsplit("-", 1)[0] in args.calls_only else t for t in recorded]
         sft = supervised_finetune(trainer, recorded, SFTConfig(epochs=epochs, lr=1e-3, batch_size=8))
         print(f"\nSFT {epochs} epoch(s) on {len(recorded)} demonstrations of {sorted({t.task_id.rsplit('-', 1)[0] for t in recorded})}: loss "
               f"{sft['sft_loss_first']:.3f} -> {sft['sft_loss_last']:.3f}")
@@ -124,11 +138,35 @@ def main() -> None:
             patterns = collections.Counter(
                 " -> ".join([c.name for s in t.transitions for c in s.action.tool_calls] + ["answer"])
                 for t in store.iter(run_id=run_id))
+            then, used = lookup_then_multiply(store.iter(run_id=run_id))
             print(f"  lookup_multiply, training tasks, T={temperature}: {sum(ok)}/{len(ok)} solved; "
-                  + "; ".join(f"{n}x {p}" for p, n in patterns.most_common(4)))
+                  + "; ".join(f"{n}x {p}" for p, n in patterns.most_common(4))
+                  + f"; a lookup then a multiply in {then} (the looked-up population an argument in {used})")
         trainer.close()
         policy.close()
         store.close()
+
+
+def lookup_then_multiply(trajectories) -> tuple[int, int]:
+    """(rollouts whose first lookup is followed by a multiply, those of them whose multiply has the
+    looked-up city's population as an argument)."""
+    import json
+
+    from forge_bridge.app.tasks import CITIES
+
+    then = used = 0
+    for traj in trajectories:
+        calls = [c for step in traj.transitions for c in step.action.tool_calls]
+        i = next((i for i, c in enumerate(calls[:-1]) if c.name == "lookup"), None)
+        if i is None or calls[i + 1].name != "multiply":
+            continue
+        then += 1
+        try:
+            population = CITIES.get(str(json.loads(calls[i].arguments).get("city", "")).strip())
+            used += population is not None and population in json.loads(calls[i + 1].arguments).values()
+        except (ValueError, AttributeError):  # arguments that are not a JSON object
+            pass
+    return then, used
 
 
 def forced_second_call(trainer, expert_runs, two_step, args, temperature: float = 0.7) -> None:

@@ -173,6 +173,12 @@ def breakdown_of(run: Path) -> list[dict]:
     return results
 
 
+def demonstrated(train: list, seed: int, n: int) -> list:
+    """The `n` training requests a seed demonstrates for SFT (drawn the same way by a run and by
+    `--transfer`, which must know which requests the run never saw)."""
+    return random.Random(seed).sample(train, n)
+
+
 def transfer_of(run: Path, n: int) -> list[dict]:
     """Greedy exact rates of an earlier run's SFT adapter (its first) and SFT+RL adapter (its last),
     side by side in one process, on the first `n` requests (at most) of each of: training functions
@@ -199,13 +205,13 @@ def transfer_of(run: Path, n: int) -> list[dict]:
         if sorted(versions) != list(range(1, len(r["training_reward"]) + 2)):
             sys.exit(f"--transfer {run}: {adapter_dir} holds versions {sorted(versions)}; expected fc-v1 "
                      f"(the SFT warm start) to fc-v{len(r['training_reward']) + 1}")
-        demonstrated = {t.id for t in random.Random(seed).sample(train, a["demos"])}  # as run_seed drew them
+        shown = {t.id for t in demonstrated(train, seed, a["demos"])}
         with TrajectoryStore(db) as store:
             practised = {t.task_id for t in store.iter(run_id=read_run_id(folder / "run", "fc"))}
         practised_fns = {fn_of[i] for i in practised}
-        seen_fns = practised_fns | {fn_of[i] for i in demonstrated}
+        seen_fns = practised_fns | {fn_of[i] for i in shown}
         groups = {
-            "practised": [t for t in train if t.function in practised_fns and t.id not in demonstrated][:n],
+            "practised": [t for t in train if t.function in practised_fns and t.id not in shown][:n],
             "unseen (train split)": [t for t in train if t.function not in seen_fns][:n],
             a["split"]: reported[:n]}
         groups = {g: ts for g, ts in groups.items() if ts}
@@ -248,7 +254,6 @@ def run_seed(seed: int, args) -> dict:
     train, validation, held_out = split_by_function(generate_suite(args.functions, seed=0), seed=0)
     report = held_out if args.split == "held_out" else validation
     report = report[:args.eval_tasks]
-    rng = random.Random(seed)
     policy = fb.LocalPolicy(args.model, max_batch=args.concurrency)
     result: dict = {"seed": seed, "split": args.split, "reward": args.reward, "credit": args.credit}
     t0 = time.perf_counter()
@@ -260,7 +265,7 @@ def run_seed(seed: int, args) -> dict:
         task = by_request[next(m["content"] for m in messages if m["role"] == "user")]
         return "Done." if any(m["role"] == "tool" for m in messages) else expert_call(task)
 
-    demo_tasks = rng.sample(train, args.demos)
+    demo_tasks = demonstrated(train, seed, args.demos)
     scripted = ScriptedPolicy(expert, policy.tokenizer)
     for task in demo_tasks:
         with fb.episode(task.id, recorder=fb.Recorder(store, "demonstrations")) as ep:

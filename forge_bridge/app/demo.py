@@ -139,9 +139,11 @@ class DemoConfig:
             raise InvalidArgument(f"DemoConfig.gamma: expected a number in [0, 1], got {self.gamma!r}")
 
 
-def build_agent(policy: Any, temperature: float, max_tokens: int, with_add: bool = False) -> Any:
+def build_agent(policy: Any, temperature: float, max_tokens: int, with_add: bool = False,
+                system_prompt: str | None = None) -> Any:
     """The user's ordinary LangChain agent, plus the one forge-bridge line (`with_add`: an `add`
-    tool too, for the suite's `lookup_add` kind)."""
+    tool too, for the suite's `lookup_add` kind; `system_prompt`: the agent's instructions, none
+    by default)."""
     from langchain.agents import create_agent
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
@@ -168,7 +170,7 @@ def build_agent(policy: Any, temperature: float, max_tokens: int, with_add: bool
     # The model the agent was written for; the middleware replaces it on every call.
     model = ChatOpenAI(model="gpt-4o-mini", api_key="unused", base_url="http://127.0.0.1:9/v1")
     return create_agent(model, [add, multiply, lookup] if with_add else [multiply, lookup],
-                        middleware=[ForgeMiddleware(policy, temperature=temperature, max_tokens=max_tokens)])
+                        system_prompt=system_prompt, middleware=[ForgeMiddleware(policy, temperature=temperature, max_tokens=max_tokens)])
 
 
 def final_text(result: dict) -> str:

@@ -57,6 +57,20 @@ def test_the_scripted_expert_solves_every_task_through_the_agent(tmp_path):
     assert [c.name for s in two_step[0] for c in s.action.tool_calls] == ["lookup", "multiply"]
 
 
+def test_the_agents_instructions_reach_every_model_call(tmp_path):
+    seen = []
+
+    def expert(messages, tools):
+        seen.append(messages[0])
+        return expert_reply(messages, tools)
+
+    agent = build_agent(ScriptedPolicy(expert, models.tiny_tokenizer()), 0.0, 64, system_prompt="Look it up first.")
+    tasks = [t for t in make_splits(train_per_kind=1, eval_per_kind=1)[1] if t.kind == "lookup_multiply"]
+    recorder = fb.Recorder(TrajectoryStore(tmp_path / "t.db"), run_id="expert")
+    assert run_tasks(agent, tasks, recorder, greedy=True, concurrency=1, desc="x", progress=False) == [True]
+    assert seen == [{"role": "system", "content": "Look it up first."}] * 3  # lookup, multiply, answer
+
+
 def test_the_three_call_kind_is_solved_by_two_lookups_and_an_add(tmp_path):
     from forge_bridge.app.tasks import ALL_KINDS
 
