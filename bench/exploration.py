@@ -11,7 +11,7 @@ rollouts did (the sequence of tool calls), and the greedy success of the single-
 the validation tasks (what the warm start did learn).
 
     .venv/bin/python bench/exploration.py [--sft-epochs 1 2] [--seed 0] [--samples 4] [--bridge KIND ...]
-        [--system-prompt P] [--calls-only KIND ...]
+        [--system-prompt P] [--calls-only KIND ...] [--explore E]
     .venv/bin/python bench/exploration.py --forced [--sft-epochs 1 2 3]
 
 `--forced` asks instead whether a turn-level exploration scheme could find the second call. On
@@ -28,15 +28,17 @@ of `lookup_multiply` itself: `multiply_chain` (a multiply on the previous multip
 `lookup_max` (two lookups) use one tool each; `lookup_and_multiply` (a lookup, then a multiply
 whose arguments come from the question) uses both. docs/demo-experiments.md has the results.
 
-`--system-prompt P` gives the agent instructions (the demonstrations, recorded through it, carry
-them too). `--calls-only KIND ...` trains the SFT on those kinds' tool calls only, leaving out
-their answers after a tool's result. Each sampled row also counts the rollouts that call
-`multiply` right after their first lookup, and those whose multiply has the looked-up population
-as an argument.
+`--explore E` makes the sampled rollouts force a tool call's opening after a tool's result with
+probability E (`fb.sampling(explore=E)`). `--system-prompt P` gives the agent instructions (the
+demonstrations, recorded through it, carry them too). `--calls-only KIND ...` trains the SFT on
+those kinds' tool calls only, leaving out their answers after a tool's result. Each sampled row
+also counts the rollouts that call `multiply` right after their first lookup, and those whose
+multiply has the looked-up population as an argument.
 
 What it does not cover: other models (a larger one may compose the two calls on its own), tool
-descriptions or prompts other than the one given, and any exploration bonus. `--forced` measures what forcing a
-call's opening would find; it does not train on it (no such exploration is built).
+descriptions or prompts other than the one given, and any exploration bonus. It measures what
+exploration finds; it does not train on it (`forge-bridge demo` and `bench/credit.py` do not
+explore).
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ def main() -> None:
                     help="give the agent (and so the demonstrations, recorded through it) these instructions")
     ap.add_argument("--calls-only", nargs="+", default=[], metavar="KIND", choices=("multiply", "lookup", *BRIDGE_KINDS),
                     help="SFT on these kinds' demonstrated tool calls only, not on their answers after a tool's result")
+    ap.add_argument("--explore", type=float, default=0.0,
+                    help="sampled rollouts force a tool call's opening after a tool's result with this probability")
     ap.add_argument("--out", default="runs/bench-exploration")
     args = ap.parse_args()
     args.bridge = list(dict.fromkeys(args.bridge))  # each kind once
@@ -91,7 +95,7 @@ def main() -> None:
         agent = build_agent(policy, 0.7, 48, system_prompt=args.system_prompt)
 
         def run(agent, task, recorder, temperature, seed=None):
-            with fb.sampling(temperature=temperature), \
+            with fb.sampling(temperature=temperature, explore=args.explore if temperature else 0.0), \
                     fb.episode(task.id, recorder=recorder, metadata={"kind": task.kind}, seed=seed) as ep:
                 try:
                     passed = attempt(agent, task, 4)

@@ -111,6 +111,11 @@ class Sampling:
     `truncated`: that flag means a limit cut the whole episode)."""
     seed: int | None = None
     """Seed for this call's sampling (reproducible outputs)."""
+    explore: float = 0.0
+    """Exploration (embedded policy only): a sampled call made right after a tool's result
+    begins with a tool call's opening, up to the tool's name, with this probability; the recorded
+    log-probabilities are those of that mixture, so the trainer's importance weight corrects for
+    it (`ForcedOpening`). 0: off; greedy calls never explore."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
@@ -121,10 +126,12 @@ class Sampling:
             raise InvalidArgument(f"max_tokens: expected an int >= 1, got {self.max_tokens!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise InvalidArgument(f"seed: expected an int or None, got {self.seed!r}")
+        if isinstance(self.explore, bool) or not isinstance(self.explore, (int, float)) or not 0 <= self.explore < 1:
+            raise InvalidArgument(f"explore: expected a number in [0, 1), got {self.explore!r}")
 
     @classmethod
     def from_kwargs(cls, kwargs: dict) -> "Sampling":
-        known = {"temperature", "top_p", "max_tokens", "seed"}
+        known = {"temperature", "top_p", "max_tokens", "seed", "explore"}
         unknown = set(kwargs) - known - {"max_completion_tokens"}
         if unknown:
             raise WrongType(f"unknown sampling argument(s) {sorted(unknown)}; accepted: {sorted(known)}")

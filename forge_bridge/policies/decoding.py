@@ -24,7 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from forge_bridge.policies.next_token import sample_next
+from forge_bridge.policies.next_token import ForcedOpening, sample_next
 
 BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
 
@@ -43,6 +43,8 @@ class Row:
     position: int = 0
     """Position id of the next token fed (the last sampled one)."""
     done: bool = False
+    opening: ForcedOpening | None = None
+    """Exploration by a forced opening (`request.opening`), else None."""
 
 
 class PrefixCache:
@@ -215,7 +217,12 @@ class Decoder:
         g = torch.Generator()
         g.manual_seed(request.sampling.seed if request.sampling.seed is not None else
                       int(torch.randint(0, 2**62, (1,)).item()))
-        return Row(request, limit, g)
+        opening = getattr(request, "opening", None)
+        if not opening:
+            return Row(request, limit, g)
+        epsilon = request.sampling.explore
+        forced = bool(torch.rand(1, generator=g).item() < epsilon)
+        return Row(request, limit, g, opening=ForcedOpening(list(opening), epsilon, forced))
 
     def _stack(self, rows: list[Row], cache: Any, mask: Any, keep: list[int]) -> None:
         """Add prefilled rows (their cache and mask, rows `keep` of them) to the running batch."""
@@ -308,7 +315,8 @@ class Decoder:
         logits = logits.float().cpu()  # sampled with CPU generators, wherever the model runs
         for k, row in enumerate(rows):
             sampling = row.request.sampling
-            token, logp = sample_next(logits[k], sampling.temperature, sampling.top_p, row.generator)
+            choose = row.opening.next if row.opening is not None else sample_next
+            token, logp = choose(logits[k], sampling.temperature, sampling.top_p, row.generator)
             row.tokens.append(token)
             row.logprobs.append(logp)
             row.done = token == self.eos_id or len(row.tokens) >= row.limit

@@ -29,7 +29,7 @@ from forge_bridge.policies.base import Policy, PolicyOutput, Sampling
 from forge_bridge.policies.decoding import Decoder, PrefixCache
 from forge_bridge.policies.device import bf16_supported, resolve_device
 from forge_bridge.policies.messages import normalize_messages
-from forge_bridge.policies.toolcalls import FORMAT_MARKERS, PARSERS, detect_format, parse
+from forge_bridge.policies.toolcalls import FORMAT_MARKERS, OPENINGS, PARSERS, detect_format, parse
 
 __all__ = ["LocalPolicy", "bf16_supported"]
 
@@ -44,6 +44,8 @@ class _Request:
     sampling: Sampling
     adapter: str | None
     future: Future
+    opening: list[int] | None = None
+    """A tool call's opening this call may be made to begin with (`Sampling.explore`)."""
 
 
 class LocalPolicy(Policy):
@@ -141,11 +143,17 @@ class LocalPolicy(Policy):
         if len(prompt) >= self.max_context:
             raise ContextLengthExceeded(f"prompt of {len(prompt)} tokens does not fit the model's "
                                         f"context of {self.max_context} tokens")
+        opening = None
+        if sampling.explore and sampling.temperature > 0 and normalize_messages(messages)[-1]["role"] == "tool":
+            if self.tool_format not in OPENINGS:
+                raise InvalidArgument(f"Sampling.explore: no tool-call opening is known for the {self.tool_format!r} "
+                                      f"format (known: {sorted(OPENINGS)})")
+            opening = self.tokenizer.encode(OPENINGS[self.tool_format], add_special_tokens=False)
         fut: Future = Future()
         with self._flight_lock:  # the version stays loaded until this call is answered
             self._in_flight[adapter] = self._in_flight.get(adapter, 0) + 1
         fut.add_done_callback(lambda _: self._landed(adapter))
-        self._queue.put(_Request(prompt, sampling, adapter, fut))
+        self._queue.put(_Request(prompt, sampling, adapter, fut, opening))
         return fut
 
     def _chat(self, messages, tools, sampling, adapter) -> PolicyOutput:
@@ -221,7 +229,7 @@ class LocalPolicy(Policy):
         if future.done():
             return
         try:
-            future.set_result(self._output(row.request, row.tokens, row.logprobs))
+            future.set_result(self._output(row.request, row.tokens, row.logprobs, row.opening))
         except InvalidStateError:  # cancelled meanwhile
             pass
         except Exception as exc:
@@ -257,9 +265,9 @@ class LocalPolicy(Policy):
             while decoder.rows:
                 finished += decoder.step()
         rows = {id(row.request): row for row in finished}
-        return [self._output(r, rows[id(r)].tokens, rows[id(r)].logprobs) for r in batch]
+        return [self._output(r, rows[id(r)].tokens, rows[id(r)].logprobs, rows[id(r)].opening) for r in batch]
 
-    def _output(self, req: _Request, tokens: list[int], logprobs: list[float]) -> PolicyOutput:
+    def _output(self, req: _Request, tokens: list[int], logprobs: list[float], opening=None) -> PolicyOutput:
         ended = bool(tokens) and tokens[-1] == self.eos_id
         reply = tokens[:-1] if ended else tokens
         if self._drop_ids is None:
@@ -268,7 +276,8 @@ class LocalPolicy(Policy):
             text = self.tokenizer.decode([t for t in reply if t not in self._drop_ids], skip_special_tokens=False)
         action = parse(text, "stop" if ended else "length", self.tool_format)
         return PolicyOutput(action=action, prompt_token_ids=req.prompt, completion_token_ids=tokens,
-                            completion_logprobs=logprobs, adapter=req.adapter)
+                            completion_logprobs=logprobs, adapter=req.adapter,
+                            info={} if opening is None else {"forced_opening": opening.forced})
 
     # ------------------------------------------------------------------ adapters
     def _check_compatible(self, path: Path) -> None:

@@ -186,6 +186,9 @@ def split_reasoning(text: str) -> tuple[str, str]:
 PARSERS = {"hermes": parse_hermes, "llama3_json": parse_llama3_json, "mistral": parse_mistral}
 """Tool-call formats by name (the names vLLM's `--tool-call-parser` uses)."""
 
+OPENINGS = {"hermes": '<tool_call>\n{"name": "'}
+"""How a tool call begins in each format, up to the tool's name (what `Sampling.explore` forces)."""
+
 
 def parse(text: str, finish_reason: str | None, tool_format: str = "hermes") -> Action:
     """The reasoning block split off, then the tool calls parsed in `tool_format`."""

@@ -1,6 +1,7 @@
 """One behavioural suite for both backends: the embedded LocalPolicy and a real vLLM server."""
 
 import asyncio
+import math
 import shutil
 import threading
 import time
@@ -11,6 +12,7 @@ import pytest
 from forge_bridge.app import testing
 from forge_bridge.core.errors import AdapterError, ContextLengthExceeded
 from forge_bridge.policies import models
+from forge_bridge.policies.base import Sampling
 from forge_bridge.policies.local import LocalPolicy
 from forge_bridge.policies.vllm import VLLMPolicy
 
@@ -226,6 +228,45 @@ def test_rows_that_finish_early_leave_the_batch_and_the_rest_decode_as_they_woul
     for t, a in zip(together, alone):
         assert t.completion_token_ids == a.completion_token_ids
         assert t.completion_logprobs == pytest.approx(a.completion_logprobs, abs=1e-3)
+
+
+def test_exploration_forces_a_tool_calls_opening_after_a_tools_result_and_records_the_mixture(taught_model_dir):
+    """`explore=0.6`: after the tool's result the taught model answers; the forced calls begin with
+    '<tool_call>\n{"name": "' and the recorded log-probability of that opening is
+    log(0.6 + 0.4 p(opening)), p scored by the trainer at the same temperature. Greedy calls, and
+    calls not made after a tool's result, never explore; vLLM refuses the setting."""
+    import torch
+
+    from forge_bridge.policies.toolcalls import OPENINGS
+    from forge_bridge.trainer.logprobs import token_logprobs
+
+    model = models.load(str(taught_model_dir))[0].eval()
+    with LocalPolicy(str(taught_model_dir)) as policy:
+        opening = policy.tokenizer.encode(OPENINGS["hermes"], add_special_tokens=False)
+        outs = [policy.chat(testing.AFTER_TOOL, tools=[testing.ADD_TOOL], temperature=0.7, max_tokens=24,
+                            seed=s, explore=0.6) for s in range(12)]
+        forced = [o for o in outs if o.info["forced_opening"]]
+        assert 2 <= len(forced) <= 11  # 12 draws at 0.6
+        for o in outs:
+            n = len(opening)
+            assert (o.completion_token_ids[:n] == opening) >= o.info["forced_opening"]
+            if o.completion_token_ids[:n] != opening:
+                continue
+            ids = torch.tensor([o.prompt_token_ids + o.completion_token_ids])
+            mask = torch.zeros_like(ids, dtype=torch.float32)
+            mask[0, len(o.prompt_token_ids):] = 1
+            with torch.no_grad():
+                scored = token_logprobs(model, ids, torch.ones_like(ids), mask, temperature=torch.tensor([0.7]))[0]
+            p_opening = math.exp(scored[0, len(o.prompt_token_ids):][:n].sum())
+            assert sum(o.completion_logprobs[:n]) == pytest.approx(math.log(0.6 + 0.4 * p_opening), abs=0.05)
+        assert "forced_opening" not in policy.chat(testing.ASK, tools=[testing.ADD_TOOL], temperature=0.7,
+                                                   max_tokens=8, explore=0.6).info
+        greedy = policy.chat(testing.AFTER_TOOL, tools=[testing.ADD_TOOL], explore=0.6, **GREEDY)
+        assert "forced_opening" not in greedy.info and greedy.text == "The answer is 5."
+    with pytest.raises(ValueError, match="explore"):
+        VLLMPolicy("http://127.0.0.1:9/v1", retries=0).chat(testing.AFTER_TOOL, temperature=0.7, explore=0.5)
+    with pytest.raises(ValueError, match="explore"):
+        Sampling(explore=1.0)
 
 
 def test_local_policy_refuses_calls_after_close(taught_model_dir):
