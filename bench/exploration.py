@@ -72,6 +72,9 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench-exploration")
     args = ap.parse_args()
     args.bridge = list(dict.fromkeys(args.bridge))  # each kind once
+    if set(args.calls_only) - {"multiply", "lookup", *args.bridge}:
+        ap.error(f"--calls-only {sorted(set(args.calls_only) - {'multiply', 'lookup', *args.bridge})}: not demonstrated "
+                 "(add them to --bridge)")
 
     import torch
 
@@ -167,7 +170,7 @@ def lookup_then_multiply(trajectories) -> tuple[int, int]:
         then += 1
         try:
             population = CITIES.get(str(json.loads(calls[i].arguments).get("city", "")).strip())
-            used += population is not None and population in json.loads(calls[i + 1].arguments).values()
+            used += population is not None and str(population) in map(str, json.loads(calls[i + 1].arguments).values())
         except (ValueError, AttributeError):  # arguments that are not a JSON object
             pass
     return then, used

@@ -114,8 +114,8 @@ class Sampling:
     explore: float = 0.0
     """Exploration (embedded policy only): a sampled call made right after a tool's result
     begins with a tool call's opening, up to the tool's name, with this probability; the recorded
-    log-probabilities are those of that mixture, so the trainer's importance weight corrects for
-    it (`ForcedOpening`). 0: off; greedy calls never explore."""
+    log-probabilities are those of that mixture, so the trainer's importance weight re-weights
+    the opening's tokens (`ForcedOpening`). 0: off; greedy calls never explore; vLLM refuses it."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0:

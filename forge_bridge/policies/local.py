@@ -144,11 +144,12 @@ class LocalPolicy(Policy):
             raise ContextLengthExceeded(f"prompt of {len(prompt)} tokens does not fit the model's "
                                         f"context of {self.max_context} tokens")
         opening = None
-        if sampling.explore and sampling.temperature > 0 and normalize_messages(messages)[-1]["role"] == "tool":
+        if sampling.explore and sampling.temperature > 0:
             if self.tool_format not in OPENINGS:
                 raise InvalidArgument(f"Sampling.explore: no tool-call opening is known for the {self.tool_format!r} "
                                       f"format (known: {sorted(OPENINGS)})")
-            opening = self.tokenizer.encode(OPENINGS[self.tool_format], add_special_tokens=False)
+            if normalize_messages(messages)[-1]["role"] == "tool":
+                opening = self.tokenizer.encode(OPENINGS[self.tool_format], add_special_tokens=False)
         fut: Future = Future()
         with self._flight_lock:  # the version stays loaded until this call is answered
             self._in_flight[adapter] = self._in_flight.get(adapter, 0) + 1

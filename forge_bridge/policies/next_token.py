@@ -57,14 +57,18 @@ class ForcedOpening:
     """Exploration by a forced opening: with probability `epsilon` (drawn once, `forced`) the
     completion starts with `tokens`, else every token is sampled from the policy's distribution
     p. Each token's recorded log-probability is the one under that mixture μ, so a trainer's
-    importance weight p / μ corrects for the forcing:
+    per-token importance weight p / μ re-weights the opening's tokens (the decision to call):
 
         M_k = ε + (1 − ε) · p(F_1..F_k)         the mixture's probability of the opening's first k tokens (M_0 = 1)
         μ(F_k | F_<k) = M_k / M_{k−1}           a token that continues the opening (either branch)
         μ(t | F_<k)   = (1 − ε) · p(F_<k) · p(t | F_<k) / M_{k−1}    a token t ≠ F_k that leaves it
         μ(t | ...)    = p(t | ...)              every token after the opening or after leaving it
 
-    The product of the μ's is the mixture's probability of the whole completion."""
+    The product of the μ's is the mixture's probability of the whole completion. What follows a
+    forced opening (the tool's name, its arguments, the later turns) is trained as if the policy
+    had reached it: per-token weights do not undo that shift, the bias that makes it exploration.
+    A token that leaves the opening at once has weight 1 / (1 − ε), above a `tis_cap` of 2 when
+    ε > 0.5."""
 
     tokens: list[int]
     """The opening's token ids (F)."""

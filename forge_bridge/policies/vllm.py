@@ -141,7 +141,7 @@ class VLLMPolicy(Policy):
 
     # ------------------------------------------------------------------ calls
     def _body(self, messages, tools, sampling: Sampling, adapter: str | None) -> dict:
-        if sampling.explore:
+        if sampling.explore and sampling.temperature > 0:
             raise InvalidArgument("Sampling.explore: forcing a tool call's opening is the embedded LocalPolicy's; "
                                   "vLLM samples every token itself")
         served = adapter or (IDENTITY if self._identity_loaded else self.model)

@@ -48,10 +48,18 @@ def test_the_free_branch_records_the_mixture_too_on_and_off_the_opening():
 
 
 def test_the_recorded_distribution_sums_to_one_at_each_position():
-    # first position: mu(0) = 0.75, mu(1) = 0.5 * 0.2, mu(2) = 0.5 * 0.3
-    assert 0.75 + 0.5 * 0.2 + 0.5 * 0.3 == pytest.approx(1.0)
-    # second, after F_1: mu(1) = 0.55 / 0.75, mu(t != 1) = 0.5 * 0.5 * p(t) / 0.75
-    assert 0.55 / 0.75 + 0.25 * (0.5 + 0.3) / 0.75 == pytest.approx(1.0)
+    """The log-probabilities the code records for every token it can emit, at the first
+    position and at the second after F_1, add up to one (both branches, 60 seeds each)."""
+    first, second = {}, {}
+    for seed in range(60):
+        for forced in (True, False):
+            (t1, lp1), (t2, lp2) = run(ForcedOpening([0, 1], 0.5, forced), 2, seed)
+            first[t1] = lp1
+            if t1 == 0:
+                second[t2] = lp2
+    assert set(first) == set(second) == {0, 1, 2}
+    assert sum(math.exp(lp) for lp in first.values()) == pytest.approx(1.0)
+    assert sum(math.exp(lp) for lp in second.values()) == pytest.approx(1.0)
 
 
 def test_the_draws_follow_the_mixture():
@@ -69,17 +77,20 @@ def test_the_draws_follow_the_mixture():
     assert abs(first / 20000 - 0.75) < 0.015 and abs(whole / 20000 - 0.55) < 0.015
 
 
-def test_the_importance_weight_corrects_the_forcing():
-    # the trainer's pi_old(F_1) = 0.5 against the recorded mu(F_1) = 0.75: weight 2/3; a token
-    # the free branch drew, 0.2 against 0.5 * 0.2: weight 2, at the cap
-    (_, lp), = run(ForcedOpening([0, 1], 0.5, forced=True), 1)
-    old = torch.log(torch.tensor([[0.5, 0.2]]))
-    w = tis_weights(old, torch.tensor([[lp, math.log(0.1)]]), cap=2.0)
-    assert w.tolist()[0] == pytest.approx([2 / 3, 2.0])
+def test_the_importance_weight_re_weights_the_opening():
+    # eps = 0.25. The trainer's pi_old(F_1) = 0.5 against the recorded mu(F_1) = 0.25 + 0.75 * 0.5
+    # = 0.625: weight 0.8. A first token the free branch drew off the opening, p(t) against
+    # 0.75 p(t): weight 4/3.
+    (_, forced_lp), = run(ForcedOpening([0, 1], 0.25, forced=True), 1)
+    off = next(r for seed in range(40) if (r := run(ForcedOpening([0, 1], 0.25, forced=False), 1, seed)[0])[0] != 0)
+    old = torch.log(torch.tensor([[0.5, [0.5, 0.2, 0.3][off[0]]]]))
+    w = tis_weights(old, torch.tensor([[forced_lp, off[1]]]), cap=2.0)
+    assert w.tolist()[0] == pytest.approx([0.8, 4 / 3])
 
 
 def test_top_p_cutting_the_forced_token_leaves_the_forced_branch_alone():
-    # top-p 0.6 keeps only token 0 (0.5 < 0.6; 0.8 >= 0.6): F = [1] is forced anyway, p(F) = 0: mu = eps
+    # top-p 0.6 keeps tokens 0 and 2 (0.5, then 0.3 since 0.5 < 0.6) and cuts token 1:
+    # F = [1] is forced anyway, p(F) = 0, so mu = eps
     opening = ForcedOpening([1], 0.25, forced=True)
     t, lp = opening.next(LOGITS, 1.0, 0.6, torch.Generator().manual_seed(0))
     assert t == 1 and lp == pytest.approx(math.log(0.25))
