@@ -170,7 +170,8 @@ def build_agent(policy: Any, temperature: float, max_tokens: int, with_add: bool
     # The model the agent was written for; the middleware replaces it on every call.
     model = ChatOpenAI(model="gpt-4o-mini", api_key="unused", base_url="http://127.0.0.1:9/v1")
     return create_agent(model, [add, multiply, lookup] if with_add else [multiply, lookup],
-                        system_prompt=system_prompt, middleware=[ForgeMiddleware(policy, temperature=temperature, max_tokens=max_tokens)])
+                        system_prompt=system_prompt,
+                        middleware=[ForgeMiddleware(policy, temperature=temperature, max_tokens=max_tokens)])
 
 
 def final_text(result: dict) -> str:
