@@ -4,6 +4,7 @@ generated function-calling suite (`forge_bridge.app.tasks.functions`), held-out 
     .venv/bin/python bench/function_calling.py [--seeds 0 1 2] [--iterations 6] [--out runs/bench-fc]
     .venv/bin/python bench/function_calling.py --breakdown runs/bench-fc  # what the calls got wrong, what they wrote
     .venv/bin/python bench/function_calling.py --transfer runs/bench-fc   # practised functions vs unseen ones
+    .venv/bin/python bench/function_calling.py --suite-seed 1 ...          # the same on a newly generated suite
 
 Per seed: an ordinary LangChain `create_agent` agent, built per function with that function as
 its one tool, on the embedded SmolLM2-135M through `ForgeMiddleware`; `--demos` demonstrations
@@ -160,7 +161,8 @@ def breakdown_of(run: Path) -> list[dict]:
     from forge_bridge.core.store import TrajectoryStore
 
     recorded = json.loads((run / "fc.json").read_text())
-    tasks = generate_suite(recorded["args"]["functions"], seed=0)
+    suite = recorded["args"].get("suite_seed", 0)
+    tasks = generate_suite(recorded["args"]["functions"], seed=suite)
     results = []
     for r in recorded["results"]:
         db = run / f"seed{r['seed']}" / "trajectories.db"
@@ -191,7 +193,8 @@ def transfer_of(run: Path, n: int) -> list[dict]:
 
     recorded = json.loads((run / "fc.json").read_text())
     a = recorded["args"]
-    train, validation, held_out = split_by_function(generate_suite(a["functions"], seed=0), seed=0)
+    suite = a.get("suite_seed", 0)
+    train, validation, held_out = split_by_function(generate_suite(a["functions"], seed=suite), seed=suite)
     reported = held_out if a["split"] == "held_out" else validation
     fn_of = {t.id: t.function for t in train}
     results = []
@@ -251,7 +254,8 @@ def run_seed(seed: int, args) -> dict:
     out = Path(args.out) / f"seed{seed}"
     out.mkdir(parents=True, exist_ok=True)
     store = TrajectoryStore(out / "trajectories.db")
-    train, validation, held_out = split_by_function(generate_suite(args.functions, seed=0), seed=0)
+    train, validation, held_out = split_by_function(generate_suite(args.functions, seed=args.suite_seed),
+                                                    seed=args.suite_seed)
     report = held_out if args.split == "held_out" else validation
     report = report[:args.eval_tasks]
     policy = fb.LocalPolicy(args.model, max_batch=args.concurrency)
@@ -313,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--functions", type=int, default=300)
+    p.add_argument("--suite-seed", type=int, default=0, help="generate (and split) another suite of functions: "
+                   "every measurement in docs/function-calling.md before the replication used suite 0")
     p.add_argument("--split", choices=("validation", "held_out"), default="held_out")
     p.add_argument("--eval-tasks", type=int, default=60, help="requests of the reported split evaluated "
                    "(with --transfer: the first this many of each group)")
