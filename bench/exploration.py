@@ -155,8 +155,8 @@ def main() -> None:
 
 
 def lookup_then_multiply(trajectories) -> tuple[int, int]:
-    """(rollouts whose first lookup is followed by a multiply, those of them whose multiply has the
-    looked-up city's population as an argument)."""
+    """(rollouts in which a lookup is followed at once by a multiply, those of them whose first such
+    multiply has the looked-up city's population as an argument)."""
     import json
 
     from forge_bridge.app.tasks import CITIES
@@ -164,8 +164,8 @@ def lookup_then_multiply(trajectories) -> tuple[int, int]:
     then = used = 0
     for traj in trajectories:
         calls = [c for step in traj.transitions for c in step.action.tool_calls]
-        i = next((i for i, c in enumerate(calls[:-1]) if c.name == "lookup"), None)
-        if i is None or calls[i + 1].name != "multiply":
+        i = next((i for i, c in enumerate(calls[:-1]) if c.name == "lookup" and calls[i + 1].name == "multiply"), None)
+        if i is None:
             continue
         then += 1
         try:
