@@ -175,6 +175,13 @@ def breakdown_of(run: Path) -> list[dict]:
     return results
 
 
+def splits(functions: int, suite_seed: int) -> tuple[list, list, list]:
+    """(train, validation, held-out) of the suite a run used (`--functions`, `--suite-seed`)."""
+    from forge_bridge.app.tasks.functions import generate_suite, split_by_function
+
+    return split_by_function(generate_suite(functions, seed=suite_seed), seed=suite_seed)
+
+
 def demonstrated(train: list, seed: int, n: int) -> list:
     """The `n` training requests a seed demonstrates for SFT (drawn the same way by a run and by
     `--transfer`, which must know which requests the run never saw)."""
@@ -187,14 +194,12 @@ def transfer_of(run: Path, n: int) -> list[dict]:
     GRPO practised on (requests not demonstrated), training functions neither demonstrated nor
     practised, and the split the run reported. Does RL improve the functions it practised, and only those?"""
     import forge_bridge as fb
-    from forge_bridge.app.tasks.functions import generate_suite, split_by_function
     from forge_bridge.core.runs import read_run_id
     from forge_bridge.core.store import TrajectoryStore
 
     recorded = json.loads((run / "fc.json").read_text())
     a = recorded["args"]
-    suite = a.get("suite_seed", 0)
-    train, validation, held_out = split_by_function(generate_suite(a["functions"], seed=suite), seed=suite)
+    train, validation, held_out = splits(a["functions"], a.get("suite_seed", 0))
     reported = held_out if a["split"] == "held_out" else validation
     fn_of = {t.id: t.function for t in train}
     results = []
@@ -245,7 +250,7 @@ def run_seed(seed: int, args) -> dict:
     import torch
 
     import forge_bridge as fb
-    from forge_bridge.app.tasks.functions import expert_call, generate_suite, split_by_function
+    from forge_bridge.app.tasks.functions import expert_call
     from forge_bridge.core.store import TrajectoryStore
     from forge_bridge.policies.scripted import ScriptedPolicy
     from forge_bridge.trainer.sft import SFTConfig, supervised_finetune
@@ -254,8 +259,7 @@ def run_seed(seed: int, args) -> dict:
     out = Path(args.out) / f"seed{seed}"
     out.mkdir(parents=True, exist_ok=True)
     store = TrajectoryStore(out / "trajectories.db")
-    train, validation, held_out = split_by_function(generate_suite(args.functions, seed=args.suite_seed),
-                                                    seed=args.suite_seed)
+    train, validation, held_out = splits(args.functions, args.suite_seed)
     report = held_out if args.split == "held_out" else validation
     report = report[:args.eval_tasks]
     policy = fb.LocalPolicy(args.model, max_batch=args.concurrency)
