@@ -281,12 +281,14 @@ def run_seed(seed: int, args) -> dict:
     demos = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
         group_size=args.group_size, lr=args.lr, baseline=args.baseline, span_weight=args.span_weight,
-        span_baseline=args.span_baseline,
+        span_baseline=args.span_baseline, kl_beta=args.kl_beta, skip_uniform_groups=args.kl_beta == 0,
         warmup_steps=2, minibatch_size=args.minibatch_size, epochs=args.epochs, microbatch_size=8,
         concurrency=args.concurrency, max_seq_len=1024, merge_steps=True, run_name="fc",
         out_dir=str(out / "run"), seed=seed, progress=not args.quiet), recorder=fb.Recorder(store))
     sft = supervised_finetune(trainer, demos, SFTConfig(epochs=args.sft_epochs, lr=args.sft_lr, batch_size=8))
     result["sft_loss"] = [sft["sft_loss_first"], sft["sft_loss_last"]]
+    if args.kl_beta > 0:
+        trainer.freeze_reference()  # the KL holds RL near the warm start, not the base model
     result["SFT"] = evaluate(policy, report, store, "eval-sft", args.max_tokens, args.concurrency)
     result["errors"] = {"SFT": errors(store, "eval-sft", report)}
     result["choices"] = {"SFT": choices(store, "eval-sft", report)}
@@ -333,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks-per-iteration", type=int, default=6)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--kl-beta", type=float, default=0.0, help="weight of the KL to the SFT warm start "
+                   "(frozen as the reference after SFT; groups with no signal are then kept, as in the demo)")
     p.add_argument("--minibatch-size", type=int, default=128,
                    help="sequences per GRPO optimiser step (128: one step per iteration at the default schedule)")
     p.add_argument("--epochs", type=int, default=1, help="GRPO passes over each iteration's samples")
