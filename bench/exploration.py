@@ -72,9 +72,8 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench-exploration")
     args = ap.parse_args()
     args.bridge = list(dict.fromkeys(args.bridge))  # each kind once
-    if set(args.calls_only) - {"multiply", "lookup", *args.bridge}:
-        ap.error(f"--calls-only {sorted(set(args.calls_only) - {'multiply', 'lookup', *args.bridge})}: not demonstrated "
-                 "(add them to --bridge)")
+    if undemonstrated := set(args.calls_only) - {"multiply", "lookup", *args.bridge}:
+        ap.error(f"--calls-only {sorted(undemonstrated)}: not demonstrated (add them to --bridge)")
 
     import torch
 
