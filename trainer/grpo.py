@@ -28,6 +28,7 @@ from forge_bridge.trainer.advantages import (
 from forge_bridge.trainer.batch import build_samples, span_rewards
 from forge_bridge.trainer.config import GRPOConfig
 from forge_bridge.trainer.loop import Trainer
+from forge_bridge.trainer.losses import policy_objective
 
 
 def state_key(traj: Trajectory, t: int) -> Hashable:
@@ -121,7 +122,8 @@ class GRPOTrainer(Trainer):
                                 "advantage_abs_mean_step0": sum(map(abs, first)) / max(len(first), 1)}
 
     def loss(self, logp, hidden, batch):
-        return self.policy_loss(logp, batch)
+        return policy_objective(logp, self.old_logprobs(logp, batch), batch["sampler_logprobs"], batch["advantages"],
+                                batch["loss_mask"], self.reference_logprobs(batch), self.config)
 
 
 __all__ = ["GRPOTrainer", "action_key", "grpo_advantages", "grpo_span_rewards", "state_key"]

@@ -8,6 +8,8 @@ tokens were sampled (by vLLM or the embedded policy), all at the sampling temper
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from forge_bridge.core.errors import InvalidArgument
@@ -67,3 +69,35 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """0.5 * (V - R)^2 over masked entries.  values, returns, mask: [B, S] -> scalar."""
     return 0.5 * aggregate((values - returns) ** 2, mask, "token")
+
+
+def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, sampler_logp: torch.Tensor,
+                     advantages: torch.Tensor, mask: torch.Tensor, ref_logp: torch.Tensor | None,
+                     config: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """The whole policy objective GRPO and PPO train: the clipped surrogate of `clipped_policy_loss`
+    on each token, weighted by the truncated importance weight min(pi_old / pi_sampler,
+    `config.tis_cap`) (None: 1), plus `config.kl_beta` times the k3 KL to the reference
+    (`ref_logp`; needed only when kl_beta > 0). Without a KL term the KL to the sampler is
+    logged instead (a cheap drift gauge). `config`: a TrainerConfig (clip_low, clip_high,
+    tis_cap, kl_beta, loss_aggregation).
+
+    logp, old_logp, sampler_logp, advantages, mask, ref_logp: [B, T] -> (scalar loss, stats:
+    clip_fraction, ratio_mean, sampler_logp_gap, tis_weight_mean, kl)."""
+    mode = config.loss_aggregation
+    weights = None if config.tis_cap is None else tis_weights(old_logp, sampler_logp, config.tis_cap)
+    loss, stats = clipped_policy_loss(logp, old_logp, advantages, mask, config.clip_low, config.clip_high,
+                                      weights, mode)
+    m = mask.bool()
+    with torch.no_grad():
+        stats["sampler_logp_gap"] = float((old_logp - sampler_logp)[m].abs().mean()) if m.any() else 0.0
+        if weights is not None:
+            stats["tis_weight_mean"] = float(weights[m].mean()) if m.any() else 1.0
+    if config.kl_beta > 0:
+        if ref_logp is None:
+            raise InvalidArgument("policy_objective: kl_beta > 0 needs the reference's log-probabilities (ref_logp)")
+        kl = aggregate(kl_k3(logp, ref_logp), mask, mode)
+        stats["kl"] = float(kl.detach())
+        return loss + config.kl_beta * kl, stats
+    with torch.no_grad():
+        stats["kl"] = float(aggregate(kl_k3(logp, sampler_logp), mask))
+    return loss, stats

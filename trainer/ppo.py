@@ -23,7 +23,7 @@ from forge_bridge.trainer.advantages import gae, step_rewards
 from forge_bridge.trainer.batch import build_samples
 from forge_bridge.trainer.config import PPOConfig
 from forge_bridge.trainer.loop import Trainer
-from forge_bridge.trainer.losses import value_loss
+from forge_bridge.trainer.losses import policy_objective, value_loss
 
 VALUE_INPUT = "hidden state, detached, at unit L1 norm"
 """What the value head reads; recorded in checkpoints, whose heads only fit this input."""
@@ -71,20 +71,20 @@ def ppo_advantages(trajectories: Sequence[Trajectory], values: Sequence[torch.Te
 class PPOTrainer(Trainer):
     config: PPOConfig
 
-    def _extra_modules(self, hidden_size: int) -> dict[str, torch.nn.Module]:
+    def make_extra_modules(self, hidden_size: int) -> dict[str, torch.nn.Module]:
         head = torch.nn.Linear(hidden_size, 1)
         torch.nn.init.zeros_(head.weight)
         torch.nn.init.zeros_(head.bias)
         return {"value_head": head}
 
-    def _param_groups(self, slot: str) -> list[dict]:
-        return super()._param_groups(slot) + [{"params": list(self.extra_modules["value_head"].parameters()),
+    def param_groups(self, slot: str) -> list[dict]:
+        return super().param_groups(slot) + [{"params": list(self.extra_modules["value_head"].parameters()),
                                            "lr": self.config.value_lr, "name": "value_head"}]
 
-    def _checkpoint_state(self) -> dict:
+    def checkpoint_state(self) -> dict:
         return {"value_head_input": VALUE_INPUT}
 
-    def _check_resumable(self, state: dict, path) -> None:
+    def check_resumable(self, state: dict, path) -> None:
         if state.get("value_head_input") != VALUE_INPUT:
             raise InvalidState(f"checkpoint {path} holds a value head trained on another input "
                                f"({state.get('value_head_input') or 'the raw hidden state'}; this version reads the "
@@ -120,7 +120,9 @@ class PPOTrainer(Trainer):
         return samples, stats, {"value_mean": sum(values.values()) / max(len(values), 1)}
 
     def loss(self, logp, hidden, batch):
-        loss, stats = self.policy_loss(logp, batch)
+        loss, stats = policy_objective(logp, self.old_logprobs(logp, batch), batch["sampler_logprobs"],
+                                       batch["advantages"], batch["loss_mask"], self.reference_logprobs(batch),
+                                       self.config)
         values = read_values(self.extra_modules["value_head"], hidden, batch["value_positions"])
         vloss = value_loss(values, batch["returns"], batch["value_mask"])
         stats["value_loss"] = float(vloss.detach())

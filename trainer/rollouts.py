@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 from forge_bridge.core.episode import Recorder, derive_seed
 from forge_bridge.core.errors import InvalidArgument
-from forge_bridge.core.types import END_REASONS, TrajectoryGroup
+from forge_bridge.core.types import END_REASONS, Trajectory, TrajectoryGroup, group_trajectories
 
 Rollout = Callable[[Any], float]
 """Runs the agent on one task inside the episode the trainer opened; returns the reward."""
@@ -171,7 +171,7 @@ def collect(rollout: Rollout | EpisodeRunner, tasks: list[tuple[str, Any]], it: 
         print(f"iteration {it + 1}: {len(lost)} episode(s) lost with their worker, kept incomplete "
               f"(e.g. {lost[0]})")
 
-    groups: dict[tuple, TrajectoryGroup] = {}
+    trained: list[Trajectory] = []
     ends = {reason: 0 for reason in END_REASONS} | {"incomplete": 0}
     reasons: list[str] = []
     rewards: list[float] = []
@@ -188,18 +188,16 @@ def collect(rollout: Rollout | EpisodeRunner, tasks: list[tuple[str, Any]], it: 
                 continue
             if traj.reward is None:  # cut by a limit or failed by the model, and never scored
                 traj.reward = 0.0
-            key = (group_id, traj.role)
-            if key not in groups:
-                groups[key] = TrajectoryGroup(group_id, traj.task_id, [], role=traj.role)
-            groups[key].trajectories.append(traj)
+            trained.append(traj)
             rewards.append(traj.reward)
-    for group in groups.values():  # in rollout order, not the order the threads began them in
+    groups = group_trajectories(trained)
+    for group in groups:  # in rollout order, not the order the threads began them in
         group.trajectories.sort(key=lambda t: t.metadata.get("rollout", 0))
     if reasons:
         print(f"iteration {it + 1}: not training on {len(reasons)} episode(s) (e.g. {reasons[0]})")
     mean = sum(rewards) / len(rewards) if rewards else 0.0
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else 0.0
-    return list(groups.values()), {
+    return groups, {
         "episodes": len(jobs), "episodes_outage": ends["outage"], "episodes_crashed": ends["crashed"],
         "episodes_incomplete": ends["incomplete"], "episodes_failed": ends["outage"] + ends["crashed"],
         "episodes_truncated": ends["truncated"], "episodes_policy_fault": ends["policy_fault"],

@@ -26,6 +26,7 @@ from forge_bridge.core.types import (
     TrajectoryGroup,
     Transition,
     _finite,
+    group_trajectories,
     migrate_v1_head,
     migrate_v1_steps,
 )
@@ -276,12 +277,7 @@ class TrajectoryStore:
     def groups(self, **filters: Any) -> list[TrajectoryGroup]:
         """Trajectories that share a group id (and role), as GRPO groups (ungrouped ones are left
         out)."""
-        by_group: dict[tuple, list[Trajectory]] = {}
-        for t in self.iter(**filters):
-            if t.group_id is not None:
-                by_group.setdefault((t.group_id, t.role), []).append(t)
-        return [TrajectoryGroup(group_id=g, task_id=ts[0].task_id, trajectories=ts, role=role)
-                for (g, role), ts in by_group.items()]
+        return group_trajectories(self.iter(**filters))
 
     # ------------------------------------------------------------------ export / import
     def export_jsonl(self, path: str | os.PathLike, **filters: Any) -> int:

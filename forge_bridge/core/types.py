@@ -13,7 +13,7 @@ import math
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from forge_bridge.core.errors import SchemaError
 
@@ -500,3 +500,17 @@ class TrajectoryGroup:
     @property
     def rewards(self) -> list[float | None]:
         return [t.reward for t in self.trajectories]
+
+
+def group_trajectories(trajectories: Iterable[Trajectory]) -> list[TrajectoryGroup]:
+    """Trajectories that share a group id and role, as groups in order of first appearance, each
+    in the order given (trajectories without a group id are left out)."""
+    groups: dict[tuple[str, str | None], TrajectoryGroup] = {}
+    for t in trajectories:
+        if t.group_id is None:
+            continue
+        key = (t.group_id, t.role)
+        if key not in groups:
+            groups[key] = TrajectoryGroup(t.group_id, t.task_id, [], role=t.role)
+        groups[key].trajectories.append(t)
+    return list(groups.values())

@@ -5,7 +5,15 @@ import math
 import pytest
 import torch
 
-from forge_bridge.trainer.losses import aggregate, clipped_policy_loss, kl_k3, tis_weights, value_loss
+from forge_bridge.trainer.config import GRPOConfig
+from forge_bridge.trainer.losses import (
+    aggregate,
+    clipped_policy_loss,
+    kl_k3,
+    policy_objective,
+    tis_weights,
+    value_loss,
+)
 
 
 def close(a, b):
@@ -79,3 +87,39 @@ def test_value_loss():
     values, returns = torch.tensor([[1.0, 3.0, 9.0]]), torch.tensor([[0.0, 1.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0]])  # the third entry is padding
     assert value_loss(values, returns, mask).item() == pytest.approx(0.5 * (1 + 4) / 2)
+
+
+def test_the_whole_objective_by_hand():
+    # two trained tokens (the third is masked out): ratios 1.2 and 0.5 against pi_old, TIS
+    # weights pi_old / pi_sampler = 2 -> capped at 1.5, and 1; advantages +1, -1; clip 0.2
+    old = torch.log(torch.tensor([[0.5, 0.5, 0.5]]))
+    logp = torch.log(torch.tensor([[0.6, 0.25, 0.9]])).requires_grad_()
+    sampler = torch.log(torch.tensor([[0.25, 0.5, 0.1]]))
+    ref = torch.log(torch.tensor([[0.3, 0.5, 0.2]]))
+    adv, mask = torch.tensor([[1.0, -1.0, 1.0]]), torch.tensor([[1.0, 1.0, 0.0]])
+    config = GRPOConfig(tis_cap=1.5, kl_beta=0.1)
+    loss, stats = policy_objective(logp, old, sampler, adv, mask, ref, config)
+    # token 0: -min(1.2, 1.2) * 1.5 = -1.8; token 1: -min(-0.5, -0.8) * 1 = 0.8 (clipped)
+    surrogate = (-1.8 + 0.8) / 2
+    # k3 with d = ref - logp: d0 = ln 0.5 -> 0.5 - ln 0.5 - 1; d1 = ln 2 -> 2 - ln 2 - 1
+    kl = ((0.5 - math.log(0.5) - 1) + (2 - math.log(2) - 1)) / 2
+    assert loss.item() == pytest.approx(surrogate + 0.1 * kl, abs=1e-6)
+    assert stats["kl"] == pytest.approx(kl, abs=1e-6)
+    assert stats["clip_fraction"] == pytest.approx(0.5)
+    assert stats["tis_weight_mean"] == pytest.approx(1.25)
+    assert stats["sampler_logp_gap"] == pytest.approx(math.log(2) / 2, abs=1e-6)
+    loss.backward()
+    # d/dlogp: surrogate -A r w / 2 (0 where clipped) + beta (1 - e^d) / 2
+    assert close(logp.grad, [[-1.2 * 1.5 / 2 + 0.1 * 0.5 / 2, 0.1 * (1 - 2) / 2, 0.0]])
+
+
+def test_the_objective_without_a_kl_term_logs_the_kl_to_the_sampler_and_needs_no_reference():
+    old = torch.log(torch.tensor([[0.5, 0.5]]))
+    sampler = torch.log(torch.tensor([[0.25, 0.5]]))
+    config = GRPOConfig(tis_cap=None)
+    loss, stats = policy_objective(old, old, sampler, torch.ones(1, 2), torch.ones(1, 2), None, config)
+    assert loss.item() == pytest.approx(-1.0) and "tis_weight_mean" not in stats
+    # k3(pi, sampler) with d = ln 0.5 on token 0, 0 on token 1
+    assert stats["kl"] == pytest.approx((0.5 - math.log(0.5) - 1) / 2, abs=1e-6)
+    with pytest.raises(ValueError, match="ref_logp"):
+        policy_objective(old, old, sampler, torch.ones(1, 2), torch.ones(1, 2), None, GRPOConfig(kl_beta=0.1))

@@ -7,6 +7,7 @@ import torch
 import forge_bridge as fb
 from forge_bridge.policies import models
 from forge_bridge.trainer.logprobs import token_logprobs
+from forge_bridge.trainer.update import warm_up
 
 
 @pytest.fixture()
@@ -54,7 +55,7 @@ def test_the_frozen_reference_is_the_warm_start_and_survives_a_resume(tiny_polic
     moved = current_logprobs(trainer, batch)
     assert not torch.allclose(moved[mask], warm[mask], atol=1e-3)
     torch.testing.assert_close(trainer.reference_logprobs(batch), warm, atol=2e-4, rtol=1e-4)
-    assert all(not p.requires_grad for p in trainer.reference.parameters())
+    assert all(not p.requires_grad for p in trainer.reference.model.parameters())
 
     resumed = fb.GRPOTrainer(tiny_policy, config)
     resumed.resume()
@@ -69,7 +70,7 @@ def test_the_learning_rate_warms_up_over_the_first_steps_and_resumes_where_it_wa
     def step() -> float:
         for p in params:
             p.grad = torch.full_like(p, 1e-3)
-        lr = trainer._warm_up()
+        lr = warm_up(trainer.optimizer, trainer.base_lrs["default"], config.warmup_steps)
         trainer.optimizer.step()
         return lr
 

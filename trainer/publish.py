@@ -1,0 +1,72 @@
+"""Publishing adapter versions to the live policy, and the frozen KL reference.
+
+Version N of the shared LoRA is '<run>-vN', of a role slot's '<run>-<slot>-vN'; each is saved
+atomically under `<run folder>/adapters/` and loaded into the policy's slot, which then serves
+it on its next call. The reference the KL term holds the policy near is the base model (the
+adapter disabled), or weights frozen once, such as the SFT warm start's.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from forge_bridge.policies.base import DEFAULT_SLOT, Policy
+from forge_bridge.trainer.logprobs import token_logprobs
+from forge_bridge.trainer.lora import load_adapter_weights, save_adapter
+
+
+def version_name(run_name: str, n: int, slot: str = DEFAULT_SLOT) -> str:
+    """'<run>-vN' for the shared LoRA, '<run>-<slot>-vN' for a role slot's."""
+    return f"{run_name}-v{n}" if slot == DEFAULT_SLOT else f"{run_name}-{slot}-v{n}"
+
+
+def publish_all(model: Any, policy: Policy, folder: Path, run_name: str, slots: Sequence[str],
+                n: int) -> dict[str, str]:
+    """Save version `n` of every slot's LoRA atomically and make the live policy serve each from
+    its slot (a version it already holds is not loaded twice); returns slot -> version."""
+    versions = {}
+    for slot in slots:
+        version = versions[slot] = version_name(run_name, n, slot)
+        path = save_adapter(model, folder / version, adapter=slot)
+        if version not in policy.versions(slot):
+            policy.load_adapter(path, version, slot=slot)
+    return versions
+
+
+class Reference:
+    """The model the KL term compares with: the base (None frozen) or a frozen copy."""
+
+    def __init__(self) -> None:
+        self.model: Any = None
+        """The frozen reference, merged into a plain model (None: the base, adapter disabled)."""
+
+    def freeze(self, model: Any, folder: Path) -> Path:
+        """Make `model`'s current LoRA the reference; saved in `folder`, so a resumed run keeps it."""
+        path = save_adapter(model, folder)
+        self.load(model, path)
+        return path
+
+    def load(self, model: Any, path: Path) -> None:
+        """The reference from a saved LoRA of `model`'s shape."""
+        ref = copy.deepcopy(model)
+        load_adapter_weights(ref, path)
+        ref = ref.merge_and_unload().eval()  # a plain model: no LoRA cost in its forward
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        self.model = ref
+
+    def logprobs(self, model: Any, batch: dict, share_prefix: bool) -> torch.Tensor:
+        """Log-probabilities [B, T] of the batch's tokens under the reference, without gradient."""
+        args = (batch["input_ids"], batch["attention_mask"], batch["loss_mask"], False, batch.get("temperature"))
+        with torch.no_grad():
+            if self.model is not None:
+                return token_logprobs(self.model, *args)[0]
+            with model.disable_adapter():
+                return token_logprobs(model, *args, share_prefix=share_prefix)[0]
+
+
+__all__ = ["Reference", "publish_all", "version_name"]

@@ -1,0 +1,101 @@
+"""The run log: metrics (`metrics.jsonl` and TensorBoard), checkpoints, and resuming from them.
+
+A run killed at any point resumes from its last checkpoint: the LoRAs, optimizers, extra
+modules and random states come back, a metrics line logged after that checkpoint is dropped,
+and the rollouts of the interrupted iteration stay stored, marked `excluded`, while that
+iteration runs again with fresh ones.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from forge_bridge.trainer import checkpoint
+
+if TYPE_CHECKING:
+    from forge_bridge.trainer.loop import Trainer
+
+
+class RunLog:
+    """Metrics of one run folder, one dict per iteration, in `metrics.jsonl` and TensorBoard."""
+
+    def __init__(self, folder: Path, run_id: str) -> None:
+        self.folder, self.run_id = folder, run_id
+        self.history: list[dict] = []
+        """Every iteration's metrics so far (resumed ones included)."""
+        self._tb: Any = None
+
+    def log(self, metrics: dict) -> None:
+        """Append one iteration's metrics (tagged with the run id) everywhere they go."""
+        metrics = {"run_id": self.run_id, **metrics}
+        self.history.append(metrics)
+        with open(self.folder / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(metrics) + "\n")
+        writer = self._writer()
+        if writer is None:
+            return
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and key != "iteration":
+                writer.add_scalar(key, value, metrics["iteration"])
+        writer.flush()
+
+    def _writer(self) -> Any:
+        if self._tb is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # a bare GPU machine: metrics.jsonl still has every number
+                self._tb = False
+                warnings.warn("tensorboard is not installed: metrics go to metrics.jsonl only", stacklevel=3)
+            else:
+                self._tb = SummaryWriter(str(self.folder / "tb"))
+        return self._tb or None
+
+    def keep_until(self, iteration: int) -> None:
+        """Read the logged metrics back, dropping lines past `iteration` (logged, not checkpointed)."""
+        path = self.folder / "metrics.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        self.history = [m for m in map(json.loads, filter(str.strip, lines)) if m["iteration"] <= iteration]
+        path.write_text("".join(json.dumps(m) + "\n" for m in self.history))
+
+    def close(self) -> None:
+        if self._tb:
+            self._tb.close()
+
+
+def save_checkpoint(trainer: "Trainer") -> Path:
+    """The trainer's LoRAs, optimizers, extra modules and random states at its current iteration."""
+    return checkpoint.save(trainer.out / "checkpoints", trainer.iteration, trainer.model, trainer.optimizers,
+                           trainer.extra_modules, {"config": trainer.config.to_dict(),
+                                                   "trainer_rng": list(trainer.rng.getstate()[1]),
+                                                   **trainer.checkpoint_state()})
+
+
+def resume(trainer: "Trainer") -> int:
+    """Continue the run in the trainer's folder from its last checkpoint (none: from the start);
+    returns the iteration it continues after."""
+    if (trainer.out / "reference" / "adapter_model.safetensors").is_file():
+        trainer.reference.load(trainer.model, trainer.out / "reference")
+    path = checkpoint.latest(trainer.out / "checkpoints")
+    if path is not None:  # refused before anything is restored: a refusal changes nothing
+        trainer.check_resumable(json.loads((path / "state.json").read_text()), path)
+    state = None if path is None else checkpoint.load(path, trainer.model, trainer.optimizers,
+                                                      trainer.extra_modules)
+    done = 0 if state is None else state["iteration"]
+    store = trainer.recorder.store
+    interrupted = [t.id for t in store.iter(run_id=trainer.run_id)
+                   if t.excluded is None and t.metadata.get("iteration", 0) > done]
+    store.exclude(interrupted, f"iteration {done + 1} was interrupted; it ran again on resume with fresh rollouts")
+    if state is None:
+        return trainer.iteration
+    trainer.iteration = state["iteration"]
+    trainer.rng.setstate((3, tuple(state["trainer_rng"]), None))
+    trainer.runlog.keep_until(trainer.iteration)
+    if trainer.iteration:
+        trainer.publish(trainer.iteration)
+    return trainer.iteration
+
+
+__all__ = ["RunLog", "resume", "save_checkpoint"]
