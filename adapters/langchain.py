@@ -1,4 +1,4 @@
-"""LangChain adapter: train an existing LangChain agent in place.
+"""The LangChain integration: train an existing LangChain agent in place.
 
 `ForgeMiddleware(policy)` is the one line added to `create_agent(..., middleware=[...])`: each
 model call of the agent is routed to the policy (for that call only) and recorded with its exact
@@ -15,7 +15,12 @@ from __future__ import annotations
 import json
 from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
-from langchain.agents.middleware import AgentMiddleware
+from forge_bridge.core.extras import require
+
+require("langchain", "langchain")  # a clear error naming the extra, not a bare ModuleNotFoundError
+require("langchain_core", "langchain")
+
+from langchain.agents.middleware import AgentMiddleware  # noqa: E402
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import (

@@ -1,4 +1,4 @@
-"""`fb.wrap(obj, policy)`: pick the adapter for whatever framework object the user has."""
+"""`fb.wrap(obj, policy)`: pick the integration for whatever framework object the user has."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def wrap(obj: Any, policy: Policy) -> Any:
 
     - a LangChain chat model -> `ForgeChatModel`; one bound to tools (`model.bind_tools(...)`)
       -> a `ForgeChatModel` bound to the same tools and settings;
-    - a CrewAI object (Agent, Crew, LLM) -> the CrewAI adapter's wrapper.
+    - a CrewAI object (Agent, Crew, LLM) -> the CrewAI integration's wrapper.
     """
     if not isinstance(policy, Policy):
         raise WrongType(f"wrap(obj, policy): policy must be a forge_bridge Policy (LocalPolicy, "

@@ -67,7 +67,8 @@ def run_seed(seed: int, args) -> dict:
     import torch
 
     import forge_bridge as fb
-    from forge_bridge.app.demo import attempt, build_agent, rates, run_tasks
+    from forge_bridge.app.demo import attempt, build_agent, run_tasks
+    from forge_bridge.app.report import rates
     from forge_bridge.app.tasks import ALL_KINDS, expert_reply, make_splits
     from forge_bridge.core.store import TrajectoryStore
     from forge_bridge.policies.scripted import ScriptedPolicy

@@ -26,7 +26,7 @@ product is the task's answer.
 `--bridge KIND ...` adds 24 demonstrations of each named two-call kind of `BRIDGE_KINDS`, never
 of `lookup_multiply` itself: `multiply_chain` (a multiply on the previous multiply's result) and
 `lookup_max` (two lookups) use one tool each; `lookup_and_multiply` (a lookup, then a multiply
-whose arguments come from the question) uses both. docs/demo-experiments.md has the results.
+whose arguments come from the question) uses both. docs/experiments/demo.md has the results.
 
 `--explore E` makes the sampled rollouts force a tool call's opening after a tool's result with
 probability E (`fb.sampling(explore=E)`). `--system-prompt P` gives the agent instructions (the

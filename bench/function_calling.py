@@ -15,7 +15,7 @@ whether an episode's first model call was exactly the right call (one call, the 
 exactly the requested arguments). The RL reward is that exact check, pass/fail
 (`--reward exact`), or partial credit (`--reward partial`: the share of argument names, over
 those expected or given, that the call got exactly right; 1 only for the exact call), the
-default: it had the larger gain on the validation functions (docs/function-calling.md). With
+default: it had the larger gain on the validation functions (docs/experiments/function-calling.md). With
 `--credit argument` each argument of the call is also rewarded on its own tokens (+1 right, -1
 wrong or not asked for; the tokens that close the arguments -1 when one is missing, else +1;
 `forge_bridge.policies.call_spans`), as given or, `--span-baseline group`, centred per argument
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--functions", type=int, default=300)
     p.add_argument("--suite-seed", type=int, default=0, help="generate (and split) another suite of functions: "
-                   "every measurement in docs/function-calling.md before the replication used suite 0")
+                   "every measurement in docs/experiments/function-calling.md before the replication used suite 0")
     p.add_argument("--split", choices=("validation", "held_out"), default="held_out")
     p.add_argument("--eval-tasks", type=int, default=60, help="requests of the reported split evaluated "
                    "(with --transfer: the first this many of each group)")

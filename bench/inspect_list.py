@@ -15,9 +15,8 @@ for reading while a run writes).
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import random
-import sqlite3
 import statistics
 import tempfile
 import time
@@ -28,37 +27,29 @@ from tqdm import tqdm
 
 from forge_bridge.app.inspector.server import Inspector
 from forge_bridge.core.store import TrajectoryStore
-from forge_bridge.core.types import Action, Observation, Transition
+from forge_bridge.core.types import Action, Observation, Trajectory, Transition
 
 KINDS = [f"kind{k}" for k in range(10)]
 
 
 def synthesize(path: Path, n: int, seed: int = 0) -> None:
-    """Write `n` trajectories straight into a store's schema, in batches (the recorder's
-    one-transaction-per-step path would take hours for 100,000)."""
-    TrajectoryStore(path).close()  # the schema
+    """Write `n` trajectories into a store through `TrajectoryStore.add_many`, 5,000 to a
+    transaction (the recorder's one-transaction-per-step path would take hours for 100,000)."""
     rng = random.Random(seed)
     step = Transition(observation=Observation(messages=[{"role": "user", "content": "What is 2 plus 3?"}]),
                       action=Action(content="The answer is 5."), prompt_token_ids=list(range(60)),
-                      completion_token_ids=list(range(12)), completion_logprobs=[-0.1] * 12).to_dict()
-    data = json.dumps(step)
-    db = sqlite3.connect(path)
-    now = time.time()
-    for start in tqdm(range(0, n, 5000), desc="synthesizing", unit_scale=5000):
-        heads, steps = [], []
-        for i in range(start, min(n, start + 5000)):
-            kind, it = KINDS[i % len(KINDS)], i // (n // 50 or 1) + 1
-            tid = f"t{i:07d}"
-            reward = float(rng.random() < 0.4)
-            heads.append((tid, "bench-run", f"{kind}-{i % 97}", f"bench-run-it{it}-{kind}-{i % 97}", "complete",
-                          reward, json.dumps({"iteration": it, "kind": kind}), now + i * 1e-3, now + i * 1e-3,
-                          "terminated", None, None, None))
-            steps += [(tid, 0, f"bench-v{it}", data), (tid, 1, f"bench-v{it}", data)]
-        db.executemany("INSERT INTO trajectories (id, run_id, task_id, group_id, status, reward, metadata, created_at, "
-                       "updated_at, end_reason, end_detail, role, excluded) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", heads)
-        db.executemany("INSERT INTO transitions VALUES (?,?,?,?)", steps)
-        db.commit()
-    db.close()
+                      completion_token_ids=list(range(12)), completion_logprobs=[-0.1] * 12)
+    with TrajectoryStore(path) as store:
+        for start in tqdm(range(0, n, 5000), desc="synthesizing", unit_scale=5000):
+            batch = []
+            for i in range(start, min(n, start + 5000)):
+                kind, it = KINDS[i % len(KINDS)], i // (n // 50 or 1) + 1
+                steps = [dataclasses.replace(step, adapter=f"bench-v{it}") for _ in range(2)]
+                batch.append(Trajectory(id=f"t{i:07d}", run_id="bench-run", task_id=f"{kind}-{i % 97}",
+                                        group_id=f"bench-run-it{it}-{kind}-{i % 97}", reward=float(rng.random() < 0.4),
+                                        metadata={"iteration": it, "kind": kind}, end_reason="terminated",
+                                        transitions=steps))
+            store.add_many(batch)
 
 
 def timed(url: str) -> tuple[float, int]:

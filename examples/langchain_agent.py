@@ -52,8 +52,8 @@ def main() -> None:
             print(f"  step {i}: {len(step.prompt_token_ids)} prompt + {len(step.completion_token_ids)} "
                   f"completion tokens, adapter={step.adapter}, calls={calls or '-'}, "
                   f"text={step.action.content[:60]!r}")
-    print(f"\nstored in runs/examples/langchain.db; export with: forge-bridge export "
-          f"runs/examples/langchain.db out.jsonl")
+    print("\nstored in runs/examples/langchain.db; export with: forge-bridge export "
+          "runs/examples/langchain.db out.jsonl")
     policy.close()
 
 

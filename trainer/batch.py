@@ -60,6 +60,25 @@ class BatchStats:
     untrainable_steps: int = 0
 
 
+def cut_to(sample: Sample, max_len: int, stats: BatchStats) -> bool:
+    """Cut a sample longer than `max_len` tokens to that length (counted in `stats`); returns
+    whether anything is left to train on."""
+    if len(sample.input_ids) <= max_len:
+        return True
+    keep = [p for p in sample.value_positions if p < max_len - 1]
+    sample.returns = sample.returns[:len(keep)]
+    sample.value_positions = keep
+    for name in ("input_ids", "loss_mask", "sampler_logprobs", "advantages"):
+        setattr(sample, name, getattr(sample, name)[:max_len])
+    sample.spans = [(min(a, max_len), min(b, max_len)) for a, b in sample.spans]
+    sample.truncated = True
+    if sum(sample.loss_mask) == 0:
+        stats.too_long += 1
+        return False
+    stats.truncated += 1
+    return True
+
+
 def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[torch.Tensor],
                   max_len: int, merge: bool = False,
                   step_returns: Sequence[torch.Tensor] | None = None, span_weight: float = 0.0,
@@ -103,21 +122,7 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
                              value_positions=[len(prompt) - 1], returns=[ret], steps=[(traj.id, s)],
                              spans=[(len(prompt), len(prompt) + len(completion))], temperature=temperature)
             samples.append(current)
-    kept = []
-    for sample in samples:
-        if len(sample.input_ids) > max_len:
-            keep = [p for p in sample.value_positions if p < max_len - 1]
-            sample.returns = sample.returns[:len(keep)]
-            sample.value_positions = keep
-            for name in ("input_ids", "loss_mask", "sampler_logprobs", "advantages"):
-                setattr(sample, name, getattr(sample, name)[:max_len])
-            sample.spans = [(min(a, max_len), min(b, max_len)) for a, b in sample.spans]
-            sample.truncated = True
-            if sum(sample.loss_mask) == 0:
-                stats.too_long += 1
-                continue
-            stats.truncated += 1
-        kept.append(sample)
+    kept = [sample for sample in samples if cut_to(sample, max_len, stats)]
     stats.samples = len(kept)
     stats.trained_tokens = sum(sum(s.loss_mask) for s in kept)
     return kept, stats

@@ -22,7 +22,7 @@ import torch
 
 from forge_bridge.core import runs
 from forge_bridge.core.episode import Recorder
-from forge_bridge.core.errors import InvalidArgument, Unsupported, WrongType
+from forge_bridge.core.errors import InvalidArgument, InvalidState, Unsupported, WrongType
 from forge_bridge.core.types import Trajectory, TrajectoryGroup
 from forge_bridge.policies.base import DEFAULT_SLOT, Policy
 from forge_bridge.policies.device import autocast, bf16_supported, resolve_device
@@ -39,6 +39,8 @@ class Trainer:
     """Shared machinery; `GRPOTrainer` and `PPOTrainer` supply `prepare` and `loss`."""
 
     extra_modules: dict[str, torch.nn.Module]
+    per_role_loras = True
+    """Whether this algorithm can train a LoRA per crew role (PPO's value head is shared: no)."""
 
     def __init__(self, policy: Policy, config: TrainerConfig, *, model: str | None = None,
                  recorder: Recorder | None = None) -> None:
@@ -93,7 +95,12 @@ class Trainer:
             base.activation_checkpointing_enable({"use_reentrant": False})
         self.share_prefix = not config.gradient_checkpointing
         """Whether a microbatch's shared token prefix runs once (not under activation checkpointing)."""
-        self.slots = [DEFAULT_SLOT] + sorted(set((config.role_slots or {}).values()) - {DEFAULT_SLOT})
+        self.role_slots = role_slots(config.role_slots, getattr(self.policy, "role_slots", {}))
+        """Role -> slot: the config's, with what the policy's front ends declared they serve."""
+        if self.role_slots and not self.per_role_loras:
+            raise Unsupported(f"{type(self).__name__} trains one LoRA for every role, but the policy serves roles "
+                              f"from their own slots ({self.role_slots}): train per-role LoRAs with GRPO")
+        self.slots = [DEFAULT_SLOT] + sorted(set(self.role_slots.values()) - {DEFAULT_SLOT})
         """The LoRAs this run trains, by policy slot: the shared one and one per role slot."""
         self.model = attach_lora(base, config.lora_rank, config.lora_alpha, config.lora_targets,
                                  extra_adapters=self.slots[1:])
@@ -141,11 +148,25 @@ class Trainer:
 
     def slot_of(self, group: TrajectoryGroup) -> str:
         """The policy slot (and LoRA) a group's trajectories train: its role's, else the default."""
-        return self.slot_of_role(group.role)
+        return self.slot_of_steps(group.role, group.trajectories)
 
     def slot_of_role(self, role: str | None) -> str:
         """The slot (and LoRA) a role's trajectories train (no role, or none of its own: the default)."""
-        return (self.config.role_slots or {}).get(role, DEFAULT_SLOT) if role else DEFAULT_SLOT
+        return self.role_slots.get(role, DEFAULT_SLOT) if role else DEFAULT_SLOT
+
+    def slot_of_steps(self, role: str | None, trajectories: Sequence[Trajectory]) -> str:
+        """The slot a role's trajectories train, checked against the slot that served their
+        steps: a LoRA trained on one slot's steps and published to another would never serve
+        them (the crew would not improve), so a mismatch is refused, naming both mappings."""
+        slot = self.slot_of_role(role)
+        served = {s.slot for t in trajectories for s in t.transitions if s.slot is not None}
+        if served - {slot}:
+            raise InvalidState(
+                f"role {role!r} was served from slot {', '.join(sorted(served))} but this trainer would train "
+                f"slot {slot!r} (its role -> slot mapping: {self.role_slots or 'none'}); give the trainer the "
+                "mapping the agent is served with (GRPOConfig(role_slots=...)), or create the trainer after "
+                "ForgeLLM(policy, role_slot=...), which declares it on the policy. Nothing was trained.")
+        return slot
 
     @contextmanager
     def training(self, slot: str):
@@ -211,8 +232,9 @@ class Trainer:
         """Prepare and update each slot's LoRA on its own roles' groups; returns the statistics
         (prefixed by slot when there are several) and the tokens trained."""
         learned, trained_tokens = {}, 0
+        slots = [self.slot_of(g) for g in groups]  # every group checked before anything trains
         for slot in self.slots:
-            mine = [g for g in groups if self.slot_of(g) == slot]
+            mine = [g for g, s in zip(groups, slots) if s == slot]
             if not mine and slot != DEFAULT_SLOT:
                 continue
             with self.training(slot):
@@ -320,3 +342,15 @@ class Trainer:
 
     def close(self) -> None:
         self.runlog.close()
+
+
+def role_slots(configured: dict[str, str] | None, declared: dict[str, str]) -> dict[str, str]:
+    """The role -> slot mapping a trainer trains by: the config's and the policy's declared one
+    together; a role the two put in different slots is refused, naming both."""
+    configured = configured or {}
+    clash = {role: (slot, declared[role]) for role, slot in configured.items() if declared.get(role, slot) != slot}
+    if clash:
+        raise InvalidArgument("role_slots: " + "; ".join(
+            f"role {role!r} is in slot {mine!r} here but the policy serves it from {theirs!r}"
+            for role, (mine, theirs) in clash.items()) + f" (GRPOConfig(role_slots={configured}), policy: {declared})")
+    return {**declared, **configured}

@@ -44,8 +44,10 @@ def read_values(head: torch.nn.Module, hidden: torch.Tensor, positions: torch.Te
 
 
 def was_truncated(traj: Trajectory) -> bool:
-    """Cut off by a limit (Gymnasium's truncated): the return does not end at the last step."""
-    return traj.end_reason == "truncated" or bool(traj.transitions and traj.transitions[-1].truncated)
+    """Cut off by a limit (Gymnasium's truncated): the return does not end at the last step. Read
+    from the episode's end reason, the one record of how it ended (its last step's `truncated`
+    flag is set from it)."""
+    return traj.end_reason == "truncated"
 
 
 def ppo_advantages(trajectories: Sequence[Trajectory], values: Sequence[torch.Tensor], config: PPOConfig,
@@ -70,6 +72,7 @@ def ppo_advantages(trajectories: Sequence[Trajectory], values: Sequence[torch.Te
 
 class PPOTrainer(Trainer):
     config: PPOConfig
+    per_role_loras = False
 
     def make_extra_modules(self, hidden_size: int) -> dict[str, torch.nn.Module]:
         head = torch.nn.Linear(hidden_size, 1)

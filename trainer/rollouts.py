@@ -154,27 +154,39 @@ def collect(rollout: Rollout | EpisodeRunner, tasks: list[tuple[str, Any]], it: 
     else:
         outcomes = run_threaded(rollout, jobs, recorder=recorder, run_id=run_id,
                                 concurrency=concurrency, desc=desc, progress=progress)
+    lost = check_outcomes(outcomes, it)
+    return read_back(recorder, run_id, jobs, [tid for o in outcomes for tid in o.opened], lost,
+                     success_threshold, it)
+
+
+def check_outcomes(outcomes: list[Outcome], it: int) -> list[str]:
+    """Raise `RolloutError` when the iteration cannot be trained on (the reward function is
+    broken, or every rollout raised or was lost); returns the lost episodes' reasons."""
     bad_rewards = [o.bad_reward for o in outcomes if o.bad_reward]  # the reward function's bugs
     crashes = [o.crash for o in outcomes if o.crash]  # skipped, unless every rollout crashed
     lost = [o.lost for o in outcomes if o.lost]  # a worker died: its episode stays incomplete
-    opened = [tid for o in outcomes for tid in o.opened]
     if bad_rewards:
         raise RolloutError(f"iteration {it + 1}: {bad_rewards[0]} ({len(bad_rewards)} rollout(s) "
                            "affected; their trajectories are stored as crashed, nothing was trained)")
-    if len(crashes) == len(jobs):
+    if len(crashes) == len(outcomes):
         raise RolloutError(f"iteration {it + 1}: every rollout raised, e.g. {crashes[0]} "
                            "(trajectories stored as crashed, nothing was trained)")
-    if len(crashes) + len(lost) == len(jobs):
+    if len(crashes) + len(lost) == len(outcomes):
         raise RolloutError(f"iteration {it + 1}: every rollout raised or was lost with its worker, e.g. "
                            f"{(lost + crashes)[0]} (what was recorded is kept; nothing was trained)")
     if lost:
         print(f"iteration {it + 1}: {len(lost)} episode(s) lost with their worker, kept incomplete "
               f"(e.g. {lost[0]})")
+    return lost
 
+
+def read_back(recorder: Recorder, run_id: str, jobs: list[Job], opened: list[str], lost: list[str],
+              success_threshold: float, it: int) -> tuple[list[TrajectoryGroup], dict]:
+    """The trainable groups of exactly the episodes these jobs opened, and the iteration's
+    statistics (episodes by end reason, mean reward, success rate)."""
     trained: list[Trajectory] = []
     ends = {reason: 0 for reason in END_REASONS} | {"incomplete": 0}
     reasons: list[str] = []
-    rewards: list[float] = []
     mine = set(opened)
     for group_id in sorted({job.group_id for job in jobs}):
         for traj in recorder.store.iter(run_id=run_id, group_id=group_id):
@@ -189,12 +201,12 @@ def collect(rollout: Rollout | EpisodeRunner, tasks: list[tuple[str, Any]], it: 
             if traj.reward is None:  # cut by a limit or failed by the model, and never scored
                 traj.reward = 0.0
             trained.append(traj)
-            rewards.append(traj.reward)
     groups = group_trajectories(trained)
     for group in groups:  # in rollout order, not the order the threads began them in
         group.trajectories.sort(key=lambda t: t.metadata.get("rollout", 0))
     if reasons:
         print(f"iteration {it + 1}: not training on {len(reasons)} episode(s) (e.g. {reasons[0]})")
+    rewards = [float(t.reward) for t in trained]
     mean = sum(rewards) / len(rewards) if rewards else 0.0
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else 0.0
     return groups, {
@@ -206,5 +218,5 @@ def collect(rollout: Rollout | EpisodeRunner, tasks: list[tuple[str, Any]], it: 
         "success_rate": sum(r >= success_threshold for r in rewards) / len(rewards) if rewards else 0.0}
 
 
-__all__ = ["EpisodeRunner", "Job", "Outcome", "Rollout", "RolloutError", "TaskSchedule", "check_reward",
-           "collect", "episode_metadata", "run_episode", "run_threaded", "task_id_of", "tasks_for"]
+__all__ = ["EpisodeRunner", "Job", "Outcome", "Rollout", "RolloutError", "TaskSchedule", "check_outcomes",
+           "check_reward", "collect", "read_back", "episode_metadata", "run_episode", "run_threaded", "task_id_of", "tasks_for"]

@@ -1,7 +1,7 @@
 """Supervised warm start: fit the LoRA to recorded demonstrations.
 
 A 135M model does not emit tool calls out of the box, so RL has no signal to start from.
-Demonstrations recorded through the same adapters (the agent run on a scripted expert) are
+Demonstrations recorded through the same front end (the agent run on a scripted expert) are
 turned into the very samples RL uses (same token ids, same masks) and trained with the
 negative log-likelihood of their completions.
 """
@@ -37,7 +37,7 @@ def supervised_finetune(trainer: Trainer, demonstrations: Sequence[Trajectory],
     trajs = [t for t in demonstrations if t.transitions]
     by_slot: dict[str, list[Trajectory]] = {}
     for t in trajs:
-        by_slot.setdefault(trainer.slot_of_role(t.role), []).append(t)
+        by_slot.setdefault(trainer.slot_of_steps(t.role, [t]), []).append(t)
     result: dict = {"sft_samples": 0, "sft_tokens": 0}
     losses: list[float] = []
     for slot in sorted(by_slot, key=lambda s: (s != DEFAULT_SLOT, s)):

@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from forge_bridge.app.report import print_table, rates
 from forge_bridge.app.tasks import (
-    ALL_KINDS,
     BRIDGE_KINDS,
     KINDS_ORDER,
     MULTI_STEP_KINDS,
@@ -64,7 +64,7 @@ class DemoConfig:
     still draws from all of them); None: all `train_per_kind`. Bridge kinds are not limited."""
     sft_epochs: int = 3
     """Passes over the demonstrations (chosen on the validation split among 1, 2 and 3 epochs:
-    docs/demo-experiments.md)."""
+    docs/experiments/demo.md)."""
     sft_lr: float = 1e-3
     """SFT learning rate."""
     rl_iterations: int = 8
@@ -80,7 +80,7 @@ class DemoConfig:
     rl_minibatch: int = 64
     """Rollout samples per GRPO optimizer step: more than an iteration has, so one step on all of
     them, and opposite pushes of two kinds on a decision they share cancel instead of taking
-    turns (docs/demo-experiments.md)."""
+    turns (docs/experiments/demo.md)."""
     rl_warmup_steps: int = 2
     """Optimizer steps over which the GRPO learning rate rises to `rl_lr` (a fresh Adam's first
     steps are its largest, whatever the gradient's size)."""
@@ -224,15 +224,6 @@ def run_tasks(agent: Any, tasks: list[Task], recorder: Any, *, greedy: bool, con
                          disable=not progress))
 
 
-def rates(tasks: list[Task], passed: list[bool]) -> dict[str, float]:
-    out = {"all": sum(passed) / max(len(passed), 1)}
-    for kind in ALL_KINDS:
-        picked = [p for t, p in zip(tasks, passed) if t.kind == kind]
-        if picked:
-            out[kind] = sum(picked) / len(picked)
-    return out
-
-
 def demonstration_tasks(config: DemoConfig, train: list[Task]) -> list[Task]:
     """The tasks the scripted expert demonstrates: the training tasks of the kinds in
     `config.demonstrate` (of a multi-step kind only the first `multi_step_demos`), then the
@@ -244,87 +235,111 @@ def demonstration_tasks(config: DemoConfig, train: list[Task]) -> list[Task]:
 
 
 def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
+    """The whole demo: base -> warm start -> GRPO, evaluated after each, then one live answer."""
     import torch
 
-    import forge_bridge as fb
-    from forge_bridge.app.plot import plot_run
-    from forge_bridge.core.runs import set_aside
-    from forge_bridge.core.store import TrajectoryStore
-    from forge_bridge.policies.scripted import ScriptedPolicy
-    from forge_bridge.trainer.sft import SFTConfig, supervised_finetune
-
     torch.manual_seed(config.seed)
-    out = Path(config.out_dir)
-    earlier = set_aside(out)
-    if earlier is not None:
-        print(f"(the earlier run in {out} was moved to {earlier})")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
-    store = TrajectoryStore(out / "trajectories.db")
-    train, validation = make_splits(config.train_per_kind, config.eval_per_kind, config.seed)
-    held_out = held_out_tasks(config.eval_per_kind, config.seed)
-    timings: dict[str, float] = {}
-    results: dict[str, dict] = {}
-    on_validation: dict[str, dict] = {}
+    demo = DemoRun(config, progress)
+    demo.evaluate("base", "eval-base", f"evaluating the base model on {len(demo.held_out)} held-out and "
+                  f"{len(demo.validation)} validation tasks (greedy)")
+    trainer, sft = demo.warm_start()
+    demo.evaluate("SFT", "eval-sft", "evaluating after SFT (same agent object, now on the SFT adapter)")
+    if config.rl_iterations:
+        demo.reinforce(trainer)
+        demo.evaluate("SFT+RL", "eval-rl", "evaluating after SFT+RL")
+    trainer.close()
+    return demo.finish(sft)
 
-    def phase(name: str):
+
+class DemoRun:
+    """One run of the demo in its folder: the store, the splits, the live agent and what was measured."""
+
+    def __init__(self, config: DemoConfig, progress: bool) -> None:
+        import forge_bridge as fb
+        from forge_bridge.core.runs import set_aside
+        from forge_bridge.core.store import TrajectoryStore
+
+        self.config, self.progress = config, progress
+        self.out = out = Path(config.out_dir)
+        earlier = set_aside(out)
+        if earlier is not None:
+            print(f"(the earlier run in {out} was moved to {earlier})")
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
+        self.store = TrajectoryStore(out / "trajectories.db")
+        self.train, self.validation = make_splits(config.train_per_kind, config.eval_per_kind, config.seed)
+        self.held_out = held_out_tasks(config.eval_per_kind, config.seed)
+        self.timings: dict[str, float] = {}
+        self.results: dict[str, dict] = {}
+        self.on_validation: dict[str, dict] = {}
+        t = self.phase(f"loading {config.model} (offline) and building the LangChain agent")
+        self.policy = fb.LocalPolicy(config.model, max_batch=config.concurrency)
+        self.agent = build_agent(self.policy, config.temperature, config.max_tokens)
+        self.timings["load"] = time.perf_counter() - t
+
+    @staticmethod
+    def phase(name: str) -> float:
         print(f"\n== {name}", flush=True)
         return time.perf_counter()
 
-    t = phase(f"loading {config.model} (offline) and building the LangChain agent")
-    policy = fb.LocalPolicy(config.model, max_batch=config.concurrency)
-    agent = build_agent(policy, config.temperature, config.max_tokens)
-    timings["load"] = time.perf_counter() - t
+    def evaluate(self, label: str, run_id: str, title: str) -> None:
+        """Greedy success on the held-out and the validation tasks, by kind."""
+        import forge_bridge as fb
 
-    def evaluate(label: str, run_id: str, title: str) -> None:
-        t = phase(title)
+        t = self.phase(title)
         # validation episodes under their own run id: `eval-*` (the inspector's) stays held-out only
-        recorders = ([fb.Recorder(store, run_id)] * len(held_out)
-                     + [fb.Recorder(store, run_id.replace("eval-", "validation-"))] * len(validation))
-        passed = run_tasks(agent, held_out + validation, recorders, greedy=True,
-                           concurrency=config.concurrency, desc=f"eval {label}", progress=progress,
-                           max_model_calls=config.max_model_calls)
-        results[label] = rates(held_out, passed[:len(held_out)])
-        on_validation[label] = rates(validation, passed[len(held_out):])
-        timings[f"{label} eval"] = time.perf_counter() - t
+        recorders = ([fb.Recorder(self.store, run_id)] * len(self.held_out)
+                     + [fb.Recorder(self.store, run_id.replace("eval-", "validation-"))] * len(self.validation))
+        passed = run_tasks(self.agent, self.held_out + self.validation, recorders, greedy=True,
+                           concurrency=self.config.concurrency, desc=f"eval {label}", progress=self.progress,
+                           max_model_calls=self.config.max_model_calls)
+        self.results[label] = rates(self.held_out, passed[:len(self.held_out)])
+        self.on_validation[label] = rates(self.validation, passed[len(self.held_out):])
+        self.timings[f"{label} eval"] = time.perf_counter() - t
 
-    evaluate("base", "eval-base", f"evaluating the base model on {len(held_out)} held-out and "
-             f"{len(validation)} validation tasks (greedy)")
+    def warm_start(self) -> tuple[Any, dict]:
+        """Demonstrations recorded through the same middleware, then SFT; returns the trainer
+        (which RL continues) and the SFT's figures."""
+        import forge_bridge as fb
+        from forge_bridge.policies.scripted import ScriptedPolicy
+        from forge_bridge.trainer.sft import SFTConfig, supervised_finetune
 
-    shown = demonstration_tasks(config, train)
-    t = phase(f"recording {len(shown)} demonstrations of {', '.join(config.demonstrate)} through the same "
-              "middleware (scripted expert)")
-    expert_agent = build_agent(ScriptedPolicy(expert_reply, policy.tokenizer), 0.0, config.max_tokens)
-    demo_recorder = fb.Recorder(store, "demonstrations")
-    run_tasks(expert_agent, shown, demo_recorder, greedy=True, concurrency=config.concurrency,
-              desc="demonstrations", progress=progress, max_model_calls=config.max_model_calls)
-    # in task order, not the order concurrent agents finished in: the same seed, the same SFT
-    demos = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
-    trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
-        gamma=config.gamma, group_size=config.group_size, lr=config.rl_lr,
-        warmup_steps=config.rl_warmup_steps, kl_beta=config.kl_beta,
-        minibatch_size=config.rl_minibatch, microbatch_size=8,
-        baseline=config.baseline, skip_uniform_groups=config.kl_beta == 0,
-        concurrency=config.concurrency,
-        run_name="demo", out_dir=str(out), seed=config.seed, progress=progress,
-        max_seq_len=768, merge_steps=True), recorder=fb.Recorder(store))  # episodes: the run id
-    sft = supervised_finetune(trainer, demos, SFTConfig(epochs=config.sft_epochs, lr=config.sft_lr, batch_size=8))
-    print(f"  SFT on {sft['sft_samples']} model calls: loss {sft['sft_loss_first']:.3f} -> "
-          f"{sft['sft_loss_last']:.3f}; published {sft['adapter']} to the live agent")
-    if config.kl_beta > 0:
-        trainer.freeze_reference()  # GRPO's KL is to this warm start, not to the base model
-    timings["demos + SFT"] = time.perf_counter() - t
+        config, store = self.config, self.store
+        shown = demonstration_tasks(config, self.train)
+        t = self.phase(f"recording {len(shown)} demonstrations of {', '.join(config.demonstrate)} through the same "
+                       "middleware (scripted expert)")
+        expert_agent = build_agent(ScriptedPolicy(expert_reply, self.policy.tokenizer), 0.0, config.max_tokens)
+        run_tasks(expert_agent, shown, fb.Recorder(store, "demonstrations"), greedy=True,
+                  concurrency=config.concurrency, desc="demonstrations", progress=self.progress,
+                  max_model_calls=config.max_model_calls)
+        # in task order, not the order concurrent agents finished in: the same seed, the same SFT
+        demos = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
+        trainer = fb.GRPOTrainer(self.policy, fb.GRPOConfig(
+            gamma=config.gamma, group_size=config.group_size, lr=config.rl_lr,
+            warmup_steps=config.rl_warmup_steps, kl_beta=config.kl_beta,
+            minibatch_size=config.rl_minibatch, microbatch_size=8,
+            baseline=config.baseline, skip_uniform_groups=config.kl_beta == 0,
+            concurrency=config.concurrency,
+            run_name="demo", out_dir=str(self.out), seed=config.seed, progress=self.progress,
+            max_seq_len=768, merge_steps=True), recorder=fb.Recorder(store))  # episodes: the run id
+        sft = supervised_finetune(trainer, demos, SFTConfig(epochs=config.sft_epochs, lr=config.sft_lr, batch_size=8))
+        print(f"  SFT on {sft['sft_samples']} model calls: loss {sft['sft_loss_first']:.3f} -> "
+              f"{sft['sft_loss_last']:.3f}; published {sft['adapter']} to the live agent")
+        if config.kl_beta > 0:
+            trainer.freeze_reference()  # GRPO's KL is to this warm start, not to the base model
+        self.timings["demos + SFT"] = time.perf_counter() - t
+        return trainer, sft
 
-    evaluate("SFT", "eval-sft", "evaluating after SFT (same agent object, now on the SFT adapter)")
-
-    if config.rl_iterations:
-        t = phase(f"GRPO: {config.rl_iterations} iterations x {sum(config.rl_tasks_per_kind)} tasks x "
-                  f"{config.group_size} rollouts at T={config.temperature}, per-step gamma={config.gamma}")
+    def reinforce(self, trainer: Any) -> None:
+        """GRPO on the training tasks, the same number of each kind every iteration."""
+        config = self.config
+        t = self.phase(f"GRPO: {config.rl_iterations} iterations x {sum(config.rl_tasks_per_kind)} tasks x "
+                       f"{config.group_size} rollouts at T={config.temperature}, per-step gamma={config.gamma}")
 
         def rollout(task: Task) -> float:
-            return 1.0 if attempt(agent, task, config.max_model_calls) else 0.0
+            return 1.0 if attempt(self.agent, task, config.max_model_calls) else 0.0
 
-        by_kind = {kind: [t for t in train if t.kind == kind] for kind in KINDS_ORDER}
+        by_kind = {kind: [t for t in self.train if t.kind == kind] for kind in KINDS_ORDER}
 
         def schedule(it: int) -> list[Task]:  # the same number of tasks of each kind, drawn anew
             rng = random.Random(config.seed * 100_003 + it)
@@ -332,44 +347,29 @@ def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
                     for t in rng.sample(by_kind[kind], n)]
 
         trainer.train(rollout, schedule, iterations=trainer.iteration + config.rl_iterations)
-        timings["GRPO"] = time.perf_counter() - t
-        evaluate("SFT+RL", "eval-rl", "evaluating after SFT+RL")
-    trainer.close()
+        self.timings["GRPO"] = time.perf_counter() - t
 
-    print_table(results, timings, held_out, on_validation)
-    print()
-    if config.rl_iterations:  # without a GRPO iteration there is no reward curve to draw
-        print(f"reward curve: {plot_run(out)}\nTensorBoard: tensorboard --logdir {out / 'tb'}")
-    print(f"adapters: {out / 'adapters'} (live: {policy.current()})")
+    def finish(self, sft: dict) -> dict:
+        """Print the table, draw the curve, have the live agent answer once more; save results.json."""
+        import forge_bridge as fb
+        from forge_bridge.app.plot import plot_run
 
-    last = held_out[-1]
-    with fb.sampling(temperature=0), fb.episode(last.id, recorder=fb.Recorder(store, "final")) as ep:
-        answer = final_text(agent.invoke({"messages": [{"role": "user", "content": last.question}]}))
-    steps = [f"{c.name}({c.arguments})" for s in ep.trajectory for c in s.action.tool_calls]
-    print(f"\nthe live agent, on {policy.current()}: {last.question!r}\n  tool calls: "
-          f"{' -> '.join(steps) or 'none'}\n  answer: {answer!r} "
-          f"({'correct' if check_answer(last, answer) else 'wrong'}; expected {last.answer})")
-    summary = {"results": results, "validation": on_validation, "timings_s": timings, "adapter": policy.current(),
-               "sft": sft, "config": asdict(config)}
-    (out / "results.json").write_text(json.dumps(summary, indent=2))
-    policy.close()
-    store.close()
-    return summary
-
-
-def print_table(results: dict[str, dict], timings: dict[str, float], held_out: list[Task],
-                on_validation: dict[str, dict] | None = None) -> None:
-    counts = {k: sum(t.kind == k for t in held_out) for k in KINDS_ORDER}
-    print(f"\nheld-out success rate, greedy ({len(held_out)} tasks)")
-    header = f"{'':<20}" + "".join(f"{name:>10}" for name in results)
-    print(header)
-    for row in ("all",) + KINDS_ORDER:
-        label = row if row == "all" else f"{row} ({counts[row]})"
-        print(f"{label:<20}" + "".join(f"{results[name].get(row, 0.0) * 100:>9.0f}%" for name in results))
-    if on_validation:
-        print("validation tasks, where the settings were chosen: "
-              + ", ".join(f"{name} {r['all'] * 100:.0f}%" for name, r in on_validation.items()))
-    print("\nwall time per phase")
-    for name, seconds in timings.items():
-        print(f"  {name:<14}{seconds:>8.1f} s")
-    print(f"  {'total':<14}{sum(timings.values()):>8.1f} s")
+        out, policy = self.out, self.policy
+        print_table(self.results, self.timings, self.held_out, self.on_validation)
+        print()
+        if self.config.rl_iterations:  # without a GRPO iteration there is no reward curve to draw
+            print(f"reward curve: {plot_run(out)}\nTensorBoard: tensorboard --logdir {out / 'tb'}")
+        print(f"adapters: {out / 'adapters'} (live: {policy.current()})")
+        last = self.held_out[-1]
+        with fb.sampling(temperature=0), fb.episode(last.id, recorder=fb.Recorder(self.store, "final")) as ep:
+            answer = final_text(self.agent.invoke({"messages": [{"role": "user", "content": last.question}]}))
+        steps = [f"{c.name}({c.arguments})" for s in ep.trajectory for c in s.action.tool_calls]
+        print(f"\nthe live agent, on {policy.current()}: {last.question!r}\n  tool calls: "
+              f"{' -> '.join(steps) or 'none'}\n  answer: {answer!r} "
+              f"({'correct' if check_answer(last, answer) else 'wrong'}; expected {last.answer})")
+        summary = {"results": self.results, "validation": self.on_validation, "timings_s": self.timings,
+                   "adapter": policy.current(), "sft": sft, "config": asdict(self.config)}
+        (out / "results.json").write_text(json.dumps(summary, indent=2))
+        policy.close()
+        self.store.close()
+        return summary

@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 from forge_bridge.core.errors import InvalidArgument
+from forge_bridge.core.extras import require
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Plot mean reward and success rate per iteration; returns the PNG's path."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

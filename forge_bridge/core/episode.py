@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from forge_bridge.core.errors import EpisodeClosed, InvalidArgument, PolicyError
 from forge_bridge.core.store import TrajectoryStore
-from forge_bridge.core.types import STATUS_OF_END, Trajectory, Transition
+from forge_bridge.core.types import Trajectory, Transition
 
 _END_RANK = {"truncated": 1, "policy_fault": 2, "crashed": 3, "outage": 4}
 """An episode marked twice ends with the graver reason: an outage spoils a truncated episode."""
@@ -295,7 +295,6 @@ class Episode:
             self.recorder.store.finish(self.id, reason, reward=self._traj.reward,
                                        metadata=self._traj.metadata, end_detail=why)
             self._traj.end_reason, self._traj.end_detail = reason, why
-            self._traj.status = STATUS_OF_END[reason]
             self.finished = True
             return self._traj
 

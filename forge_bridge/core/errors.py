@@ -77,7 +77,12 @@ class AdapterError(InvalidArgument):
     """An adapter could not be loaded (missing, corrupt, incompatible); nothing was swapped."""
 
 
+class MissingExtra(ForgeBridgeError, ImportError):
+    """An optional integration was used without its extra installed; the message names the
+    `pip install` that fixes it."""
+
+
 __all__ = ["AdapterError", "AgentError", "ContextLengthExceeded", "EpisodeClosed", "ForgeBridgeError",
-           "InvalidArgument", "InvalidState", "NotFound", "PolicyError", "PolicyResponseError",
+           "InvalidArgument", "InvalidState", "MissingExtra", "NotFound", "PolicyError", "PolicyResponseError",
            "PolicyUnavailable", "RunExistsError", "SandboxUnavailable", "SchemaError", "StoreError", "Unsupported",
            "WrongType"]

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from forge_bridge.core.episode import Episode
 from forge_bridge.core.errors import ContextLengthExceeded, InvalidArgument, PolicyError
 from forge_bridge.core.timeouts import call_with_timeout
+from forge_bridge.core.types import Observation, Transition
 
 if TYPE_CHECKING:  # the core calls a policy; it does not import the policies layer
     from forge_bridge.policies.base import Policy, PolicyOutput
@@ -125,13 +126,24 @@ def over_step_limit(episode: Episode | None, limits: Limits) -> bool:
     return True
 
 
+def transition_of(out: PolicyOutput, messages: list[dict], tools: list[dict] | None = None,
+                  **info: Any) -> Transition:
+    """A policy's reply to `messages` (and tool schemas) as a step: the exact tokens, the adapter
+    version and slot that served it, the sampling temperature, and `info` (latency, the front
+    end's metadata)."""
+    return Transition(observation=Observation(messages=messages, tools=tools), action=out.action,
+                      prompt_token_ids=out.prompt_token_ids, completion_token_ids=out.completion_token_ids,
+                      completion_logprobs=out.completion_logprobs, adapter=out.adapter, slot=out.slot,
+                      temperature=out.temperature, info={"latency_s": round(out.latency_s, 4), **out.info, **info})
+
+
 def record_call(episode: Episode | None, out: PolicyOutput, messages: list[dict],
                 tools: list[dict] | None, *, source: str, step_rewards: StepRewards | None = None,
                 **info: Any) -> int | None:
     """Record one model call as the next step of `episode`; returns its index (None: no episode)."""
     if episode is None:
         return None
-    step = episode.record(out.to_transition(messages, tools, source=source, **info))
+    step = episode.record(transition_of(out, messages, tools, source=source, **info))
     if step_rewards is not None:
         _reward_call(episode, step, step_rewards)
     if out.action.malformed:
@@ -273,4 +285,4 @@ def record_tool_result(episode: Episode | None, call_id: str, name: str, *, cont
 
 __all__ = ["DEFAULT_MAX_MODEL_CALLS", "DEFAULT_MAX_TOOL_OUTPUT_CHARS", "DEFAULT_TOOL_TIMEOUT_S",
            "Limits", "StepRewards", "ToolOutcome", "give_step_reward", "acall_policy", "arun_tool", "bound_output", "call_policy",
-           "over_step_limit", "record_call", "record_outage", "record_tool_result", "run_tool"]
+           "over_step_limit", "record_call", "record_outage", "record_tool_result", "run_tool", "transition_of"]

@@ -14,118 +14,79 @@ import os
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from forge_bridge.core import migrations, validate
 from forge_bridge.core.errors import NotFound, SchemaError, StoreError, WrongType
-from forge_bridge.core.types import (
-    END_REASONS,
-    SCHEMA_VERSION,
-    STATUS_OF_END,
-    Trajectory,
-    TrajectoryGroup,
-    Transition,
-    _finite,
-    group_trajectories,
-    migrate_v1_head,
-    migrate_v1_steps,
-)
+from forge_bridge.core.types import (END_REASONS, STATUS_OF_END, StepCredit, Trajectory, TrajectoryGroup,
+                                     TrajectoryRow, Transition, group_trajectories)
 
-_DDL = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS trajectories (
-    id TEXT PRIMARY KEY,
-    run_id TEXT, task_id TEXT, group_id TEXT,
-    status TEXT NOT NULL,
-    reward REAL,
-    metadata TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    end_reason TEXT, end_detail TEXT, role TEXT, excluded TEXT
-);
-CREATE TABLE IF NOT EXISTS transitions (
-    trajectory_id TEXT NOT NULL REFERENCES trajectories(id),
-    step INTEGER NOT NULL,
-    adapter TEXT,
-    data TEXT NOT NULL,
-    PRIMARY KEY (trajectory_id, step)
-);
-CREATE TABLE IF NOT EXISTS credit (
-    trajectory_id TEXT NOT NULL REFERENCES trajectories(id),
-    step INTEGER NOT NULL,
-    iteration INTEGER NOT NULL,
-    advantage REAL,
-    trained_tokens INTEGER NOT NULL,
-    PRIMARY KEY (trajectory_id, step)
-);
-CREATE INDEX IF NOT EXISTS trajectories_run ON trajectories(run_id, status);
-CREATE INDEX IF NOT EXISTS trajectories_created ON trajectories(created_at);
-CREATE INDEX IF NOT EXISTS trajectories_task ON trajectories(task_id);
-CREATE INDEX IF NOT EXISTS trajectories_group ON trajectories(group_id);
-CREATE INDEX IF NOT EXISTS transitions_adapter ON transitions(adapter);
-"""
 _HEAD = ("id", "run_id", "task_id", "group_id", "status", "reward", "metadata", "created_at",
          "updated_at", "end_reason", "end_detail", "role", "excluded")
 _INSERT_HEAD = f"INSERT INTO trajectories ({', '.join(_HEAD)}) VALUES ({','.join('?' * len(_HEAD))})"
-_V1_COLUMNS = ("end_reason", "end_detail", "role", "excluded")
+_READ_HEAD = "id, run_id, task_id, group_id, reward, metadata, end_reason, end_detail, role, excluded"
+# A trajectory's kind: what its task said (metadata), else its task id without the trailing number.
+_KIND = "COALESCE(json_extract(metadata, '$.kind'), rtrim(rtrim(task_id, '0123456789'), '-'))"
+_ITERATION = "json_extract(metadata, '$.iteration')"
+_SUCCESS = "(status = 'complete' AND COALESCE(reward, 0) >= 1)"
+SORTS = {"created": "created_at", "reward": "reward", "task": "task_id", "status": "status",
+         "iteration": _ITERATION}
+"""The orders `TrajectoryQuery.sort` names, and the column each sorts by."""
 
 
 class TrajectoryStore:
     """Append-as-you-go trajectory store; see the module docstring for the durability model."""
 
-    def __init__(self, path: str | os.PathLike, *, timeout_s: float = 30.0) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike, *, timeout_s: float = 30.0, readonly: bool = False) -> None:
+        """`readonly`: open an existing store without ever writing to it (SQLite's mode=ro; it
+        reads in WAL mode while another process writes), as the inspector does."""
+        self.path, self.readonly = Path(path), readonly
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None,
-                                       check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            # NORMAL in WAL mode survives a killed process (not a power cut) at far less fsync cost.
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            self._db.executescript(_DDL)
-            row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if row is None:
-                self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
-                                 (str(SCHEMA_VERSION),))
-            elif int(row[0]) == 1:
-                self._migrate_v1()
-            elif int(row[0]) != SCHEMA_VERSION:
-                raise StoreError(f"trajectory store {self.path} has schema version {row[0]}; "
-                                 f"this forge-bridge reads versions 1 and {SCHEMA_VERSION}")
+            self._db = self._connect(timeout_s)
+            version = migrations.stored_version(self._db)
+            if not readonly:
+                self._open_for_writing(version)
+            elif version not in migrations.READABLE_AS_IS:
+                raise StoreError(f"{self.path} holds schema version {version}: open it once for writing "
+                                 "(any TrajectoryStore(path)) to migrate it, then read it" if migrations.readable(version)
+                                 else f"{self.path} is not a forge-bridge trajectory store this version reads")
+            self._has_credit = bool(self._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'credit'").fetchone())
         except (sqlite3.Error, OSError) as exc:
+            if readonly:
+                raise StoreError(f"{self.path} is not a forge-bridge trajectory store: {exc}") from None
             raise StoreError(f"cannot open trajectory store at {self.path}: {exc}. "
                              "Pick a writable path (store=...).") from None
         self._lock = threading.Lock()
 
-    def _migrate_v1(self) -> None:
-        """Version 1 kept the end reason, role and truncation in metadata, and used a step's
-        `truncated` for "hit max_tokens": move them to typed columns and Gymnasium's flags, in
-        one transaction (a crash leaves the store at version 1, to be migrated again)."""
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            have = {r[1] for r in db.execute("PRAGMA table_info(trajectories)")}
-            for column in _V1_COLUMNS:
-                if column not in have:
-                    db.execute(f"ALTER TABLE trajectories ADD COLUMN {column} TEXT")
-            rows = db.execute("SELECT id, status, metadata FROM trajectories").fetchall()
-            for tid, status, metadata in rows:
-                head = migrate_v1_head(status, json.loads(metadata))
-                db.execute("UPDATE trajectories SET end_reason = ?, end_detail = ?, role = ?, "
-                           "metadata = ? WHERE id = ?", (head["end_reason"], head["end_detail"],
-                                                         head["role"], json.dumps(head["metadata"]), tid))
-                steps = db.execute("SELECT step, data FROM transitions WHERE trajectory_id = ? "
-                                   "ORDER BY step", (tid,)).fetchall()
-                fixed = migrate_v1_steps([json.loads(d) for _, d in steps], head["end_reason"])
-                for (step, _), data in zip(steps, fixed):
-                    db.execute("UPDATE transitions SET data = ? WHERE trajectory_id = ? AND step = ?",
-                               (json.dumps(data), tid, step))
-            db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+    def _connect(self, timeout_s: float) -> sqlite3.Connection:
+        if self.readonly:
+            if not self.path.is_file():
+                raise NotFound(f"no trajectory store at {self.path}")
+            db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout_s,
+                                 isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA query_only=ON")
+            return db
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode survives a killed process (not a power cut) at far less fsync cost.
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA foreign_keys=ON")
+        return db
+
+    def _open_for_writing(self, version: int | None) -> None:
+        if version is not None and not migrations.readable(version):
+            raise StoreError(f"trajectory store {self.path} has schema version {version}; this forge-bridge "
+                             f"reads versions 1 to {migrations.SCHEMA_VERSION}")
+        self._db.executescript(migrations.DDL)
+        if version is None:
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
+                             (str(migrations.SCHEMA_VERSION),))
+        else:
+            migrations.migrate_store(self._db, version)
 
     # ------------------------------------------------------------------ writing
     def _write(self, what: str, statements: Iterable[tuple[str, tuple]]) -> list[Any]:
@@ -147,11 +108,15 @@ class TrajectoryStore:
         return results
 
     def begin(self, trajectory: Trajectory) -> None:
-        """Create the trajectory row (status as given, normally `incomplete`) and its steps so far."""
-        stmts = self._insert(trajectory)
-        self._write(f"recording trajectory {trajectory.id}", stmts)
+        """Create the trajectory row (its end as given, normally none yet) and its steps so far."""
+        self.add_many([trajectory], f"recording trajectory {trajectory.id}")
 
-    add = begin
+    def add_many(self, trajectories: Iterable[Trajectory], what: str = "adding trajectories") -> int:
+        """Add whole trajectories in one transaction (an import, a benchmark's synthetic store):
+        all of them or, on any error, none. Returns how many."""
+        items = list(trajectories)
+        self._write(what, [stmt for t in items for stmt in self._insert(t)])
+        return len(items)
 
     @classmethod
     def _insert(cls, t: Trajectory) -> list[tuple[str, tuple]]:
@@ -193,7 +158,7 @@ class TrajectoryStore:
         if end_reason not in END_REASONS:
             raise SchemaError(f"end_reason: expected one of {END_REASONS}, got {end_reason!r}")
         if reward is not None:
-            reward = _finite("reward", reward)
+            reward = validate.finite("reward", reward)
         with self._lock:
             row = self._db.execute("SELECT metadata FROM trajectories WHERE id = ?",
                                    (trajectory_id,)).fetchone()
@@ -214,6 +179,16 @@ class TrajectoryStore:
             for i in ids])
         return len(ids)
 
+    def delete(self, trajectory_ids: Iterable[str]) -> int:
+        """Remove trajectories with their steps and credit, in one transaction (a worker's
+        in-memory store forgets what the trainer's store now holds). Returns how many."""
+        ids = list(trajectory_ids)
+        self._write("deleting trajectories", [
+            stmt for tid in ids for stmt in (("DELETE FROM credit WHERE trajectory_id = ?", (tid,)),
+                                              ("DELETE FROM transitions WHERE trajectory_id = ?", (tid,)),
+                                              ("DELETE FROM trajectories WHERE id = ?", (tid,)))])
+        return len(ids)
+
     def record_credit(self, iteration: int, rows: Iterable[tuple[str, int, float | None, int]]) -> int:
         """What the trainer made of each step in `iteration`: (trajectory id, step, advantage or
         None where none was computed, completion tokens the loss trained on). Returns how many."""
@@ -224,8 +199,8 @@ class TrajectoryStore:
         return len(rows)
 
     # ------------------------------------------------------------------ reading
-    def _select_ids(self, run_id: str | None, task_id: str | None, group_id: str | None,
-                    status: str | Iterable[str] | None, adapter: str | None) -> list[str]:
+    def _select_ids(self, *, run_id: str | None = None, task_id: str | None = None, group_id: str | None = None,
+                    status: str | Iterable[str] | None = None, adapter: str | None = None) -> list[str]:
         where, args = [], []
         for column, value in (("run_id", run_id), ("task_id", task_id), ("group_id", group_id)):
             if value is not None:
@@ -246,107 +221,104 @@ class TrajectoryStore:
 
     def get(self, trajectory_id: str) -> Trajectory:
         with self._lock:
-            head = self._db.execute(
-                "SELECT id, run_id, task_id, group_id, status, reward, metadata, end_reason, "
-                "end_detail, role, excluded FROM trajectories WHERE id = ?", (trajectory_id,)).fetchone()
-            steps = self._db.execute(
-                "SELECT data FROM transitions WHERE trajectory_id = ? ORDER BY step",
-                (trajectory_id,)).fetchall()
+            head = self._db.execute(f"SELECT {_READ_HEAD} FROM trajectories WHERE id = ?",
+                                    (trajectory_id,)).fetchone()
+            steps = self._db.execute("SELECT data FROM transitions WHERE trajectory_id = ? ORDER BY step",
+                                     (trajectory_id,)).fetchall()
         if head is None:
-            raise NotFound(f"no trajectory {trajectory_id} in {self.path}")
-        return Trajectory(id=head[0], run_id=head[1], task_id=head[2], group_id=head[3],
-                          status=head[4], reward=head[5], metadata=json.loads(head[6]),
-                          end_reason=head[7], end_detail=head[8], role=head[9], excluded=head[10],
-                          transitions=[Transition.from_dict(json.loads(s[0])) for s in steps])
+            raise NotFound(f"no trajectory {trajectory_id!r} in {self.path}")
+        return _trajectory(head, [Transition.from_dict(json.loads(s[0])) for s in steps])
 
     def iter(self, *, run_id: str | None = None, task_id: str | None = None,
              group_id: str | None = None, status: str | Iterable[str] | None = None,
              adapter: str | None = None) -> Iterator[Trajectory]:
         """Trajectories matching every filter given, oldest first, loaded one at a time."""
-        for tid in self._select_ids(run_id, task_id, group_id, status, adapter):
+        for tid in self._select_ids(run_id=run_id, task_id=task_id, group_id=group_id, status=status, adapter=adapter):
             yield self.get(tid)
 
     def trajectories(self, **filters: Any) -> list[Trajectory]:
         return list(self.iter(**filters))
 
     def count(self, **filters: Any) -> int:
-        return len(self._select_ids(filters.get("run_id"), filters.get("task_id"),
-                                    filters.get("group_id"), filters.get("status"),
-                                    filters.get("adapter")))
+        return len(self._select_ids(**filters))
 
     def groups(self, **filters: Any) -> list[TrajectoryGroup]:
         """Trajectories that share a group id (and role), as GRPO groups (ungrouped ones are left
         out)."""
         return group_trajectories(self.iter(**filters))
 
-    # ------------------------------------------------------------------ export / import
-    def export_jsonl(self, path: str | os.PathLike, **filters: Any) -> int:
-        """One trajectory per line, in the versioned JSON layout; returns how many."""
-        n = 0
-        tmp = Path(f"{path}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for t in self.iter(**filters):
-                f.write(t.to_json() + "\n")
-                n += 1
-        os.replace(tmp, path)
-        return n
+    # ------------------------------------------------------------------ views (the inspector's)
+    def _query(self, sql: str, args: tuple | list = ()) -> list[tuple]:
+        with self._lock:
+            try:
+                return self._db.execute(sql, args).fetchall()
+            except sqlite3.Error as exc:
+                raise StoreError(f"reading {self.path} failed: {exc}") from None
 
-    def export_parquet(self, path: str | os.PathLike, **filters: Any) -> int:
-        """One row per transition with its trajectory's columns; returns the row count."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+    def page(self, query: TrajectoryQuery, limit: int = 50, offset: int = 0) -> tuple[list[TrajectoryRow], int]:
+        """One page of the trajectories matching `query`, in its order, and how many match in all;
+        only the page is read (a store of 100,000+ trajectories is never loaded whole)."""
+        where, args = query.where()
+        total = self._query(f"SELECT COUNT(*) FROM trajectories{where}", args)[0][0]
+        rows = self._query(f"SELECT {_READ_HEAD}, {_ITERATION}, {_KIND} FROM trajectories{where} ORDER BY "
+                           f"{SORTS[query.sort]} {query.order.upper()}, id LIMIT ? OFFSET ?", [*args, limit, offset])
+        ids = [r[0] for r in rows]
+        steps = {tid: (n, adapter) for tid, n, adapter in self._query(
+            "SELECT trajectory_id, COUNT(*), MAX(adapter) FROM transitions WHERE trajectory_id IN "
+            f"({','.join('?' * len(ids))}) GROUP BY trajectory_id", ids)} if ids else {}
+        return [TrajectoryRow(_trajectory(r[:10], []), r[10], r[11], *steps.get(r[0], (0, None))) for r in rows], total
 
-        rows: dict[str, list] = {k: [] for k in (
-            "trajectory_id", "run_id", "task_id", "group_id", "status", "end_reason", "role",
-            "excluded", "final_reward", "step",
-            "adapter", "reward", "terminated", "truncated", "prompt_token_ids",
-            "completion_token_ids", "completion_logprobs", "observation", "action", "info")}
-        for traj in self.iter(**filters):
-            for step, t in enumerate(traj.transitions):
-                for key, value in (
-                        ("trajectory_id", traj.id), ("run_id", traj.run_id),
-                        ("task_id", traj.task_id), ("group_id", traj.group_id),
-                        ("status", traj.status), ("end_reason", traj.end_reason),
-                        ("role", traj.role), ("excluded", traj.excluded),
-                        ("final_reward", traj.reward), ("step", step),
-                        ("adapter", t.adapter), ("reward", t.reward),
-                        ("terminated", t.terminated), ("truncated", t.truncated),
-                        ("prompt_token_ids", t.prompt_token_ids),
-                        ("completion_token_ids", t.completion_token_ids),
-                        ("completion_logprobs", t.completion_logprobs),
-                        ("observation", json.dumps(t.observation.to_dict())),
-                        ("action", json.dumps(t.action.to_dict())),
-                        ("info", json.dumps(t.info))):
-                    rows[key].append(value)
-        schema = pa.schema([
-            ("trajectory_id", pa.string()), ("run_id", pa.string()), ("task_id", pa.string()),
-            ("group_id", pa.string()), ("status", pa.string()), ("end_reason", pa.string()),
-            ("role", pa.string()), ("excluded", pa.string()), ("final_reward", pa.float64()),
-            ("step", pa.int32()), ("adapter", pa.string()), ("reward", pa.float64()),
-            ("terminated", pa.bool_()), ("truncated", pa.bool_()),
-            ("prompt_token_ids", pa.list_(pa.int32())), ("completion_token_ids", pa.list_(pa.int32())),
-            ("completion_logprobs", pa.list_(pa.float32())), ("observation", pa.string()),
-            ("action", pa.string()), ("info", pa.string())])
-        tmp = Path(f"{path}.tmp")
-        pq.write_table(pa.table(rows, schema=schema), tmp)
-        os.replace(tmp, path)
-        return len(rows["step"])
+    def runs(self) -> list[tuple[str | None, int, int, float | None]]:
+        """(run id, trajectories, completed, mean reward) of every run in the store, newest first."""
+        return self._query("SELECT run_id, COUNT(*), SUM(status = 'complete'), AVG(reward) FROM trajectories "
+                           "GROUP BY run_id ORDER BY MAX(created_at) DESC")
 
-    def import_jsonl(self, path: str | os.PathLike) -> int:
-        """Add every trajectory of a JSONL export; the whole file is checked before anything is
-        written, so a malformed line adds nothing and names its line number."""
-        parsed = []
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    parsed.append(Trajectory.from_json(line))
-                except SchemaError as exc:
-                    raise SchemaError(f"{path}, line {lineno}: {exc}") from None
-        stmts = [stmt for t in parsed for stmt in self._insert(t)]
-        self._write(f"importing {path}", stmts)
-        return len(parsed)
+    def kinds(self) -> list[str]:
+        """The task kinds in the store (a task's `kind`, else its id without the trailing number)."""
+        return [r[0] for r in self._query(f"SELECT DISTINCT {_KIND} FROM trajectories ORDER BY 1") if r[0]]
+
+    def success_by_kind(self, run_id: str, threshold: float = 1.0) -> dict[str, dict[int, float]]:
+        """kind -> iteration -> success rate (reward >= threshold) of a run's training rollouts."""
+        out: dict[str, dict[int, float]] = {}
+        for kind, it, rate in self._query(
+                f"SELECT {_KIND}, {_ITERATION}, AVG(COALESCE(reward, 0) >= ?) FROM trajectories WHERE run_id = ? "
+                f"AND {_ITERATION} IS NOT NULL GROUP BY 1, 2 ORDER BY 2", (threshold, run_id)):
+            out.setdefault(kind or "?", {})[int(it)] = float(rate)
+        return out
+
+    def evaluation_success(self) -> dict[str, dict[str, float]]:
+        """Evaluation run ('eval-*') -> kind -> success rate (reward >= 1), oldest run first."""
+        out: dict[str, dict[str, float]] = {}
+        for run_id, kind, rate in self._query(
+                f"SELECT run_id, {_KIND}, AVG(COALESCE(reward, 0) >= 1) FROM trajectories WHERE run_id LIKE 'eval-%' "
+                "GROUP BY 1, 2 ORDER BY MIN(created_at)"):
+            out.setdefault(run_id, {})[kind] = float(rate)
+        return out
+
+    def latest_training_run(self) -> str | None:
+        """The run id of the newest training rollout (one recorded with an iteration), if any."""
+        rows = self._query(f"SELECT run_id FROM trajectories WHERE {_ITERATION} IS NOT NULL "
+                           "ORDER BY created_at DESC LIMIT 1")
+        return rows[0][0] if rows else None
+
+    def credit(self, trajectory_id: str) -> dict[int, StepCredit]:
+        """step -> what the trainer made of it (`record_credit`); steps no trainer used are absent."""
+        if not self._has_credit:  # a store older than credit, read without migrating it
+            return {}
+        return {step: StepCredit(it, adv, n) for step, it, adv, n in self._query(
+            "SELECT step, iteration, advantage, trained_tokens FROM credit WHERE trajectory_id = ?", (trajectory_id,))}
+
+    def attempts(self, task_id: str) -> list[tuple[str, str | None, str | None, float | None]]:
+        """Every recorded attempt at a task: (trajectory id, run id, adapter of its first step,
+        reward), oldest first."""
+        return self._query("SELECT t.id, t.run_id, (SELECT adapter FROM transitions WHERE trajectory_id = t.id "
+                           "ORDER BY step LIMIT 1), t.reward FROM trajectories t WHERE t.task_id = ? "
+                           "ORDER BY t.created_at", (task_id,))
+
+    def evaluated_tasks(self) -> list[str]:
+        """Tasks answered in more than one evaluation run (held-out tasks to compare versions on)."""
+        return [r[0] for r in self._query("SELECT task_id FROM trajectories WHERE run_id LIKE 'eval-%' "
+                                          "GROUP BY task_id HAVING COUNT(DISTINCT run_id) > 1 ORDER BY task_id")]
 
     def close(self) -> None:
         with self._lock:
@@ -357,3 +329,65 @@ class TrajectoryStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _trajectory(head: tuple, transitions: list[Transition]) -> Trajectory:
+    """A Trajectory from the columns of `_READ_HEAD`, in that order."""
+    tid, run_id, task_id, group_id, reward, metadata, end_reason, end_detail, role, excluded = head
+    return Trajectory(id=tid, run_id=run_id, task_id=task_id, group_id=group_id, reward=reward,
+                      metadata=json.loads(metadata), end_reason=end_reason, end_detail=end_detail, role=role,
+                      excluded=excluded, transitions=transitions)
+
+
+@dataclass(frozen=True)
+class TrajectoryQuery:
+    """Which trajectories a view lists, and in what order (every filter optional: '' = any)."""
+
+    run: str = ""
+    """Run id."""
+    iteration: str = ""
+    """Training iteration (as its number)."""
+    kind: str = ""
+    """Task kind (the task's `kind`, else its id without the trailing number)."""
+    status: str = ""
+    """Coarse status: complete, failed, truncated or incomplete."""
+    task: str = ""
+    """Part of the task id."""
+    group: str = ""
+    """Group id."""
+    outcome: str = ""
+    """'success' (complete with reward >= 1), 'failure' (anything else) or '' (both)."""
+    sort: str = "created"
+    """One of SORTS."""
+    order: str = "desc"
+    """'asc' or 'desc'."""
+
+    def __post_init__(self) -> None:
+        if self.sort not in SORTS:
+            raise SchemaError(f"sort: expected one of {sorted(SORTS)}, got {self.sort!r}")
+        if self.outcome not in ("", "success", "failure"):
+            raise SchemaError(f"outcome: expected success or failure, got {self.outcome!r}")
+        if self.order not in ("asc", "desc"):
+            raise SchemaError(f"order: expected asc or desc, got {self.order!r}")
+
+    def where(self) -> tuple[str, list[Any]]:
+        clauses, args = [], []
+        for column, value in (("run_id", self.run), ("status", self.status), ("group_id", self.group)):
+            if value:
+                clauses.append(f"{column} = ?")
+                args.append(value)
+        if self.iteration:
+            clauses.append(f"{_ITERATION} = ?")
+            args.append(int(self.iteration) if self.iteration.isdigit() else self.iteration)
+        if self.kind:
+            clauses.append(f"{_KIND} = ?")
+            args.append(self.kind)
+        if self.outcome:
+            clauses.append(_SUCCESS if self.outcome == "success" else f"NOT {_SUCCESS}")
+        if self.task:
+            clauses.append("task_id LIKE ?")
+            args.append(f"%{self.task}%")
+        return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
+
+
+__all__ = ["SORTS", TrajectoryQuery, "TrajectoryStore"]

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge_bridge.core.errors import SchemaError
-from forge_bridge.core.types import Action, _bool, _dict, _finite
+from forge_bridge.core import validate
+from forge_bridge.core.types import Action
 
 
 @dataclass(frozen=True)
@@ -31,10 +32,10 @@ class StepResult:
     """Diagnostics: tool results with their tool_call ids, errors, latencies."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "reward", _finite("StepResult.reward", self.reward))
-        _bool("StepResult.terminated", self.terminated)
-        _bool("StepResult.truncated", self.truncated)
-        _dict("StepResult.info", self.info)
+        object.__setattr__(self, "reward", validate.finite("StepResult.reward", self.reward))
+        validate.boolean("StepResult.terminated", self.terminated)
+        validate.boolean("StepResult.truncated", self.truncated)
+        validate.json_object("StepResult.info", self.info)
 
     @property
     def done(self) -> bool:

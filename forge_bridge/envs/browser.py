@@ -32,6 +32,7 @@ import urllib.parse
 from typing import Any, Callable, Protocol, Sequence
 
 from forge_bridge.core.errors import ForgeBridgeError, InvalidArgument, InvalidState
+from forge_bridge.core.extras import require
 from forge_bridge.envs.tool import ToolEnvironment, ToolError, ToolTask, bounded, function_schema
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -163,11 +164,9 @@ class BrowserEnvironment(ToolEnvironment):
         return self._thread.submit(fn, *args).result()
 
     def _launch(self) -> None:
-        try:
-            from playwright.sync_api import sync_playwright
-        except ImportError as exc:
-            raise BrowserUnavailable("Playwright is not installed: pip install playwright (its Python package "
-                                     "only; the browser is the system's Chromium)") from exc
+        require("playwright", "browser")  # the Python package only: the browser is the system's Chromium
+        from playwright.sync_api import sync_playwright
+
         self._playwright = sync_playwright().start()
         args = ["--force-webrtc-ip-handling-policy=disable_non_proxied_udp", "--dns-prefetch-disable",
                 "--disable-background-networking"]

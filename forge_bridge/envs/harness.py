@@ -1,4 +1,4 @@
-"""A framework-free agent loop over any `Environment`, recorded like the adapters record theirs:
+"""A framework-free agent loop over any `Environment`, recorded like the framework integrations record theirs:
 
     obs = env.reset(task)
     while not done:

@@ -1,10 +1,10 @@
-"""LoRA slots in the embedded model, reused across adapter versions.
+"""LoRA buffers in the embedded model, reused across adapter versions.
 
 Loading an adapter into a peft model builds its LoRA modules (~150 ms of Python for 120 target
 layers of SmolLM2, whatever the weights' size). A training run publishes adapters of one shape
-(rank, alpha, target modules) again and again, so the pool builds a few LoRA slots of that
-shape once and a new version only copies its weights into a free slot (a few ms); a retired
-version's slot is free again once no call uses it. An adapter of another shape is loaded the
+(rank, alpha, target modules) again and again, so the pool builds a few LoRA buffers of that
+shape once and a new version only copies its weights into a free buffer (a few ms); a retired
+version's buffer is free again once no call uses it. An adapter of another shape is loaded the
 ordinary way under its own name.
 """
 
@@ -18,7 +18,7 @@ _SHAPE = ("r", "lora_alpha", "use_rslora", "use_dora", "bias", "fan_in_fan_out")
 
 
 def shape_of(path: Path) -> tuple:
-    """What two adapters must share to use the same slot: their LoRA settings and weight names."""
+    """What two adapters must share to use the same buffer: their LoRA settings and weight names."""
     from safetensors import safe_open
 
     config = json.loads((path / "adapter_config.json").read_text())
@@ -30,7 +30,7 @@ def shape_of(path: Path) -> tuple:
 
 
 class AdapterPool:
-    """Slots named 'pool-<n>' in one peft model, each holding one version's weights."""
+    """Buffers named 'pool-<n>' in one peft model, each holding one version's weights."""
 
     def __init__(self, spare: int) -> None:
         self.spare = spare
@@ -38,7 +38,7 @@ class AdapterPool:
         self.shape: tuple | None = None
         self.free: list[str] = []
         self.holder: dict[str, str] = {}
-        """version -> the slot holding its weights."""
+        """version -> the buffer holding its weights."""
         self._params: dict[str, dict[str, Any]] = {}
         self._count = 0
 
@@ -50,8 +50,8 @@ class AdapterPool:
         return self.shape is None or shape == self.shape
 
     def first(self, model: Any, path: Path, version: str) -> Any:
-        """The peft model, built around `model` with this adapter in slot 'pool-0' and spare
-        slots of the same shape."""
+        """The peft model, built around `model` with this adapter in buffer 'pool-0' and spare
+        buffers of the same shape."""
         from peft import PeftModel
 
         self.shape = shape_of(path)
@@ -63,12 +63,12 @@ class AdapterPool:
         return peft
 
     def load(self, peft: Any, path: Path, version: str) -> None:
-        """Copy the adapter's weights into a free slot (built if none is free)."""
+        """Copy the adapter's weights into a free buffer (built if none is free)."""
         from safetensors.torch import load_file
 
         name = self.free.pop() if self.free else self._add(peft)
         try:
-            params = self._slot_params(peft, name)
+            params = self._buffer_params(peft, name)
             for key, tensor in load_file(str(path / "adapter_model.safetensors")).items():
                 params[key].data.copy_(tensor)
         except Exception:
@@ -77,7 +77,7 @@ class AdapterPool:
         self.holder[version] = name
 
     def release(self, version: str) -> bool:
-        """Free the slot of a version no longer served; False if it was not pooled."""
+        """Free the buffer of a version no longer served; False if it was not pooled."""
         name = self.holder.pop(version, None)
         if name is None:
             return False
@@ -93,8 +93,8 @@ class AdapterPool:
         peft.add_adapter(name, peft.peft_config["pool-0"])
         return name
 
-    def _slot_params(self, peft: Any, name: str) -> dict[str, Any]:
-        """saved key ('...q_proj.lora_A.weight') -> the slot's parameter."""
+    def _buffer_params(self, peft: Any, name: str) -> dict[str, Any]:
+        """saved key ('...q_proj.lora_A.weight') -> the buffer's parameter."""
         if name not in self._params:
             own = f".{name}."
             self._params[name] = {n.replace(own, "."): p for n, p in peft.named_parameters() if own in n}

@@ -1,4 +1,4 @@
-"""The policy interface every adapter calls, and the hot-swap contract both backends share.
+"""The policy interface every front end calls, and the hot-swap contract both backends share.
 
 Hot-swap contract: `load_adapter(path, version)` validates and loads the new adapter into the
 backend *first*, and only then flips the handle that calls read; a call reads the handle once,
@@ -28,7 +28,7 @@ from forge_bridge.core.errors import (
     Unsupported,
     WrongType,
 )
-from forge_bridge.core.types import Action, Observation, Transition
+from forge_bridge.core.types import Action
 
 DEFAULT_SLOT = "default"
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -65,6 +65,8 @@ class PolicyOutput:
     info: dict = field(default_factory=dict)
     temperature: float | None = None
     """The temperature the completion was sampled at (set by `Policy.chat`)."""
+    slot: str | None = None
+    """The policy slot that served the call (set by `Policy.chat`)."""
 
     @property
     def text(self) -> str:
@@ -87,15 +89,6 @@ class PolicyOutput:
         if self.action.tool_calls:
             msg["tool_calls"] = self.tool_calls
         return msg
-
-    def to_transition(self, messages: list[dict], tools: list[dict] | None = None,
-                      **info: Any) -> Transition:
-        return Transition(observation=Observation(messages=messages, tools=tools), action=self.action,
-                          prompt_token_ids=self.prompt_token_ids,
-                          completion_token_ids=self.completion_token_ids,
-                          completion_logprobs=self.completion_logprobs, adapter=self.adapter,
-                          temperature=self.temperature,
-                          info={"latency_s": round(self.latency_s, 4), **self.info, **info})
 
 
 @dataclass(frozen=True)
@@ -201,6 +194,19 @@ class Policy(abc.ABC):
         self._in_use: dict[str | None, int] = {}
         self._retired: set[str] = set()
         self._swap_lock = threading.RLock()
+        self.role_slots: dict[str, str] = {}
+        """Role -> slot, as the front ends that serve roles from slots declared it
+        (`declare_role_slots`): the one mapping a trainer of this policy trains by."""
+
+    def declare_role_slots(self, mapping: dict[str, str]) -> None:
+        """Record that these roles are served from these slots (a `ForgeLLM(role_slot=...)` does
+        it); a role declared again on another slot is refused, naming both."""
+        with self._swap_lock:
+            for role, slot in mapping.items():
+                if self.role_slots.get(role, slot) != slot:
+                    raise InvalidArgument(f"role {role!r} is served from slot {self.role_slots[role]!r} already; "
+                                          f"refusing to serve it from {slot!r} too (one slot per role)")
+            self.role_slots.update(mapping)
 
     # ------------------------------------------------------------------ the calls
     def chat(self, messages: list[dict], tools: list[dict] | None = None, *, slot: str = DEFAULT_SLOT,
@@ -211,7 +217,7 @@ class Policy(abc.ABC):
         with self._use_current(slot) as adapter:
             t0 = time.perf_counter()
             out = self._chat(messages, tools, params, adapter)
-            out.latency_s, out.temperature = time.perf_counter() - t0, float(params.temperature)
+            out.latency_s, out.temperature, out.slot = time.perf_counter() - t0, float(params.temperature), slot
             return out
 
     async def achat(self, messages: list[dict], tools: list[dict] | None = None, *,
@@ -220,7 +226,7 @@ class Policy(abc.ABC):
         with self._use_current(slot) as adapter:
             t0 = time.perf_counter()
             out = await self._achat(messages, tools, params, adapter)
-            out.latency_s, out.temperature = time.perf_counter() - t0, float(params.temperature)
+            out.latency_s, out.temperature, out.slot = time.perf_counter() - t0, float(params.temperature), slot
             return out
 
     @abc.abstractmethod

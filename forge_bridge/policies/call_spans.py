@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Collection, Mapping, Sequence
 
 from forge_bridge.core.errors import InvalidArgument
-from forge_bridge.policies.toolcalls import _BLOCK, _parse_one, split_reasoning
+from forge_bridge.policies.toolcalls import TOOL_CALL_BLOCK, parse_call, split_reasoning
 
 _DECODER = json.JSONDecoder()
 
@@ -88,9 +88,9 @@ def argument_char_spans(text: str) -> CallSpans | None:
     a reasoning block); None when no block parses or its arguments are not a JSON object."""
     _, rest = split_reasoning(text)
     offset = len(text) - len(rest)
-    for block in _BLOCK.finditer(rest):
+    for block in TOOL_CALL_BLOCK.finditer(rest):
         try:
-            _parse_one(block.group(1).strip())
+            parse_call(block.group(1).strip())
         except ValueError:
             continue  # the parser skips it too
         try:

@@ -48,6 +48,33 @@ class _Request:
     """A tool call's opening this call may be made to begin with (`Sampling.explore`)."""
 
 
+def check_settings(dtype: str, tool_format: str, max_batch: int, threads: int | None,
+                   prefix_cache_tokens: int) -> None:
+    """Raise `InvalidArgument` naming the first of LocalPolicy's settings that is out of range."""
+    if dtype not in ("auto", "bfloat16", "float32"):
+        raise InvalidArgument(f"dtype: expected 'auto', 'bfloat16' or 'float32', got {dtype!r}")
+    if tool_format != "auto" and tool_format not in PARSERS:
+        raise InvalidArgument(f"tool_format: expected 'auto' or one of {sorted(PARSERS)}, got {tool_format!r}")
+    if max_batch < 1:
+        raise InvalidArgument(f"max_batch: expected >= 1, got {max_batch}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise InvalidArgument(f"threads: expected an int >= 1 or None, got {threads!r}")
+    if isinstance(prefix_cache_tokens, bool) or not isinstance(prefix_cache_tokens, int) or prefix_cache_tokens < 0:
+        raise InvalidArgument(f"prefix_cache_tokens: expected an int >= 0, got {prefix_cache_tokens!r}")
+
+
+def reply_drop_ids(tokenizer: Any) -> set[int] | None:
+    """The special token ids to leave out of a reply's text when the tool format's markers
+    (`[TOOL_CALLS]`) are special tokens that must stay in it (None: decode skipping specials)."""
+    special = set(getattr(tokenizer, "all_special_tokens", [])) | {
+        t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
+    markers = {tokenizer.convert_tokens_to_ids(m) for m in FORMAT_MARKERS if m in special}
+    if not markers:
+        return None
+    return (set(tokenizer.all_special_ids) | {i for i, t in getattr(
+        tokenizer, "added_tokens_decoder", {}).items() if t.special}) - markers
+
+
 class LocalPolicy(Policy):
     """In-process policy over a transformers causal LM (the embedded SmolLM2 by default)."""
 
@@ -81,36 +108,23 @@ class LocalPolicy(Policy):
             tokenizer = tokenizer or loaded_tok
         elif tokenizer is None:
             raise WrongType("LocalPolicy(model, tokenizer): a model object needs its tokenizer")
-        if dtype not in ("auto", "bfloat16", "float32"):
-            raise InvalidArgument(f"dtype: expected 'auto', 'bfloat16' or 'float32', got {dtype!r}")
-        if tool_format != "auto" and tool_format not in PARSERS:
-            raise InvalidArgument(f"tool_format: expected 'auto' or one of {sorted(PARSERS)}, got {tool_format!r}")
+        check_settings(dtype, tool_format, max_batch, threads, prefix_cache_tokens)
         self.device = resolve_device(device)
         """Where the model runs ('cuda', 'mps' or 'cpu')."""
         if dtype == "auto":
             dtype = "bfloat16" if bf16_supported(self.device) else "float32"
-        if max_batch < 1:
-            raise InvalidArgument(f"max_batch: expected >= 1, got {max_batch}")
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-            raise InvalidArgument(f"threads: expected an int >= 1 or None, got {threads!r}")
         self.threads = threads or max(1, torch.get_num_threads() - 1)
         """Intra-op threads of the decoding worker."""
-        if isinstance(prefix_cache_tokens, bool) or not isinstance(prefix_cache_tokens, int) or prefix_cache_tokens < 0:
-            raise InvalidArgument(f"prefix_cache_tokens: expected an int >= 0, got {prefix_cache_tokens!r}")
         self._prefixes = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
         self._pool = AdapterPool(spare=keep_versions + 1)
-        """LoRA slots reused across versions of one shape: a swap copies weights (`adapter_pool`)."""
+        """LoRA buffers reused across versions of one shape: a swap copies weights (`adapter_pool`)."""
         self.continuous_batching = bool(continuous_batching)
         self.dtype = getattr(torch, dtype)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.tokenizer = tokenizer
         self.tool_format = detect_format(tokenizer.chat_template) if tool_format == "auto" else tool_format
         """The tool-call format replies are parsed in."""
-        special = set(getattr(tokenizer, "all_special_tokens", [])) | {
-            t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
-        markers = {tokenizer.convert_tokens_to_ids(m) for m in FORMAT_MARKERS if m in special}
-        self._drop_ids = (set(tokenizer.all_special_ids) | {i for i, t in getattr(
-            tokenizer, "added_tokens_decoder", {}).items() if t.special}) - markers if markers else None
+        self._drop_ids = reply_drop_ids(tokenizer)
         """Special tokens left out of a reply's text when some (`[TOOL_CALLS]`) must stay in it."""
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
@@ -118,6 +132,10 @@ class LocalPolicy(Policy):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         self.max_context = getattr(model.config, "max_position_embeddings", None) or 2048
         self._peft = None
+        self._start_worker()
+
+    def _start_worker(self) -> None:
+        """The decoding worker thread and what it shares with the callers."""
         self._model_lock = threading.Lock()
         self._flight_lock = threading.Lock()
         self._in_flight: dict[str | None, int] = {}

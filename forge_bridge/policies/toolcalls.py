@@ -23,14 +23,14 @@ import uuid
 from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.core.types import Action, ToolCall
 
-_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 
 
 def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def _parse_one(body: str) -> ToolCall:
+def parse_call(body: str) -> ToolCall:
     try:
         data = json.loads(body)
     except json.JSONDecodeError as exc:
@@ -63,11 +63,11 @@ def parse_hermes(text: str, finish_reason: str | None) -> Action:
     """Split generated text into plain content, well-formed tool calls and parse errors."""
     calls, errors, kept = [], [], []
     last = 0
-    for match in _BLOCK.finditer(text):
+    for match in TOOL_CALL_BLOCK.finditer(text):
         kept.append(text[last:match.start()])
         last = match.end()
         try:
-            calls.append(_parse_one(match.group(1).strip()))
+            calls.append(parse_call(match.group(1).strip()))
         except ValueError as exc:
             errors.append({"text": match.group(0), "error": str(exc)})
             kept.append(match.group(0))  # the malformed call stays visible as text
@@ -117,7 +117,7 @@ def parse_llama3_json(text: str, finish_reason: str | None) -> Action:
     calls, errors = [], []
     for part in parts:
         try:
-            calls.append(_parse_one(part))
+            calls.append(parse_call(part))
         except ValueError as exc:
             errors.append({"text": part, "error": str(exc)})
     return _action("" if calls and not errors else text, calls, errors, finish_reason)
@@ -149,7 +149,7 @@ def parse_mistral(text: str, finish_reason: str | None) -> Action:
             pieces = [json.dumps(d) for d in (data if isinstance(data, list) else [data])]
         for piece in pieces:
             try:
-                calls.append(_parse_one(piece))
+                calls.append(parse_call(piece))
             except ValueError as exc:
                 errors.append({"text": TOOL_CALLS + chunk, "error": str(exc)})
                 unread.append(TOOL_CALLS + chunk)

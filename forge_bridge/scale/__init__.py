@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from forge_bridge.scale.policy_host import RayPolicy, serve_vllm
-    from forge_bridge.scale.rollouts import RayRollouts
+    from forge_bridge.scale.workers import RayRollouts
 
-_LAZY = {"RayRollouts": "forge_bridge.scale.rollouts", "RayPolicy": "forge_bridge.scale.policy_host",
+_LAZY = {"RayRollouts": "forge_bridge.scale.workers", "RayPolicy": "forge_bridge.scale.policy_host",
          "serve_vllm": "forge_bridge.scale.policy_host"}
 
 

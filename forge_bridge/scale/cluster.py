@@ -7,16 +7,12 @@ import os
 import sys
 from typing import Any
 
-from forge_bridge.core.errors import Unsupported
+from forge_bridge.core.extras import require
 
 
 def require_ray() -> Any:
     """The `ray` module, or a clear error naming the extra that installs it."""
-    try:
-        import ray
-    except ImportError:
-        raise Unsupported("forge_bridge.scale needs Ray: pip install 'forge-bridge[ray]'") from None
-    return ray
+    return require("ray", "ray")
 
 
 def ensure_ray(init: dict | None = None) -> Any:

@@ -74,10 +74,7 @@ class StreamingStore(TrajectoryStore):
             ids = self._begun.pop(id(sink), [])
             for tid in ids:
                 self._sinks.pop(tid, None)
-        with self._lock:
-            for tid in ids:
-                self._db.execute("DELETE FROM transitions WHERE trajectory_id = ?", (tid,))
-                self._db.execute("DELETE FROM trajectories WHERE id = ?", (tid,))
+        self.delete(ids)
 
 
 def apply(store: TrajectoryStore, op: Op) -> None:

@@ -18,9 +18,6 @@ Binds 127.0.0.1 unless told otherwise; with a token set, requests without
 
 from __future__ import annotations
 
-import hmac
-import json
-import re
 import threading
 import time
 import uuid
@@ -30,56 +27,18 @@ from typing import Any
 from forge_bridge.core.episode import Episode, Recorder
 from forge_bridge.core.errors import (
     EpisodeClosed,
-    ForgeBridgeError,
     InvalidArgument,
     InvalidState,
     NotFound,
     PolicyError,
-    SchemaError,
 )
 from forge_bridge.core.recording import DEFAULT_MAX_MODEL_CALLS, Limits, StepRewards, acall_policy
 from forge_bridge.core.types import END_REASONS, Action
 from forge_bridge.policies.base import DEFAULT_SLOT, Policy, PolicyOutput
+from forge_bridge.serving.background import BackgroundServer
+from forge_bridge.serving.http_api import MAX_BODY, build_app, check_request
 
-MAX_BODY = 16 * 1024 * 1024
-_EPISODE_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 MAX_ENDED_IDS = 100_000  # ended episode ids remembered (late calls to them get 409)
-_SAMPLING = {"temperature": (int, float), "top_p": (int, float), "max_tokens": int,
-             "max_completion_tokens": int, "seed": int}
-
-
-class _HTTPError(ForgeBridgeError):
-    """A request refused with this status (turned into an OpenAI-style error response)."""
-
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.kind = status, kind
-
-
-def check_request(body: Any) -> None:
-    """A chat-completion request's shape, field by field (a 400 names the field)."""
-    if not isinstance(body, dict):
-        raise _HTTPError(400, "the body must be a JSON object")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _HTTPError(400, "messages: expected a non-empty list of message objects")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise _HTTPError(400, f"messages[{i}]: expected an object with a string 'role'")
-    if body.get("tools") is not None and not (isinstance(body["tools"], list)
-                                              and all(isinstance(t, dict) for t in body["tools"])):
-        raise _HTTPError(400, "tools: expected a list of tool objects")
-    for name, kinds in _SAMPLING.items():
-        value = body.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
-            raise _HTTPError(400, f"{name}: expected a number, got {value!r}")
-    if body.get("n", 1) != 1:
-        raise _HTTPError(400, "n: only n=1 is supported (one recorded step per call)")
-    for name in ("model",):
-        if body.get(name) is not None and not isinstance(body[name], str):
-            raise _HTTPError(400, f"{name}: expected a string")
-    if not isinstance(body.get("stream", False), bool):
-        raise _HTTPError(400, "stream: expected true or false")
 
 
 class Gateway:
@@ -105,13 +64,12 @@ class Gateway:
         # their steps) are released, so a long-running gateway does not grow with every episode
         self._ended: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
-        self.app = self._build_app()
+        self._server: BackgroundServer | None = None
+        self.app = build_app(self)
 
     @property
     def address(self) -> str:
-        if self._server is None or not self._server.started:
+        if self._server is None or not self._server.running:
             raise InvalidState("the gateway is not running: start() it (or use it in a with block)")
         return f"http://{self.host}:{self.port}"
 
@@ -124,34 +82,17 @@ class Gateway:
 
     def start(self) -> str:
         """Serve on a background thread (uvicorn); returns the base URL once it accepts calls."""
-        import socket
-
-        import uvicorn
-
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False,
-                                backlog=2048, timeout_keep_alive=30)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        name="forge-gateway", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise InvalidState("the gateway did not start (see the log above)")
-            time.sleep(0.01)
+        self._server = BackgroundServer(self.app, self.host, self.port, name="forge-gateway", backlog=2048,
+                                        timeout_keep_alive=30)
+        self._server.start()
+        self.port = self._server.port
         return self.base_url
 
     def stop(self) -> None:
         """Stop serving. Episodes still open stay `incomplete` in the store: their agents never
         said they ended, and a trainer must not mistake them for finished ones."""
         if self._server is not None:
-            self._server.should_exit = True
-            if self._thread is not None:
-                self._thread.join(timeout=30)
+            self._server.stop()
 
     def __enter__(self) -> "Gateway":
         self.start()
@@ -265,7 +206,7 @@ class Gateway:
                       "total_tokens": len(out.prompt_token_ids) + len(out.completion_token_ids)},
             "prompt_token_ids": out.prompt_token_ids, "adapter": out.adapter}
 
-    def _chunks(self, completion: dict) -> list[dict]:
+    def chunks(self, completion: dict) -> list[dict]:
         """The same completion as streaming chunks: first the role and prompt token ids, then the
         content, then the tool calls with finish_reason."""
         choice = completion["choices"][0]
@@ -287,111 +228,6 @@ class Gateway:
         return [first, body, last]
 
     # ------------------------------------------------------------------ HTTP plumbing
-    def _build_app(self) -> Any:
-        from starlette.applications import Starlette
-        from starlette.exceptions import HTTPException
-        from starlette.requests import Request
-        from starlette.responses import JSONResponse, StreamingResponse
-        from starlette.routing import Route
-
-        gateway = self
-
-        def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-            return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status)
-
-        def authorize(request: Request) -> None:
-            if gateway.token is None:
-                return
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {gateway.token}".encode()):
-                raise _HTTPError(401, "missing or wrong bearer token", "authentication_error")
-
-        async def read_json(request: Request) -> Any:
-            declared = request.headers.get("content-length")
-            if declared is not None and declared.isdigit() and int(declared) > gateway.max_body_bytes:
-                raise _HTTPError(413, f"request body over {gateway.max_body_bytes} bytes")
-            chunks, size = [], 0
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > gateway.max_body_bytes:
-                    raise _HTTPError(413, f"request body over {gateway.max_body_bytes} bytes")
-                chunks.append(chunk)
-            try:
-                return json.loads(b"".join(chunks) or b"{}")
-            except ValueError as exc:
-                raise _HTTPError(400, f"invalid JSON body: {exc}") from None
-
-        def episode_of(request: Request) -> str | None:
-            episode_id = request.path_params.get("episode_id") or request.headers.get("x-forge-episode")
-            if episode_id is not None and not _EPISODE_ID.match(episode_id):
-                raise _HTTPError(400, "episode id: expected 1-128 letters, digits, '.', '_' or '-'")
-            return episode_id
-
-        def handled(endpoint):
-            async def run(request: Request):
-                try:
-                    return await endpoint(request)
-                except _HTTPError as exc:
-                    return error(exc.status, str(exc), exc.kind)
-                except NotFound as exc:
-                    return error(404, f"no open episode {exc}")
-                except EpisodeClosed as exc:
-                    return error(409, str(exc))
-                except PolicyError as exc:
-                    return error(502, f"the policy failed: {exc}", "policy_error")
-                except (ValueError, TypeError, SchemaError) as exc:
-                    return error(400, str(exc))
-            return run
-
-        async def health(request: Request):
-            return JSONResponse({"status": "ok"})
-
-        @handled
-        async def models(request: Request):
-            authorize(request)
-            names = [gateway.model_name] + [v for v in gateway.policy.versions() if v]
-            return JSONResponse({"object": "list", "data": [
-                {"id": n, "object": "model", "owned_by": "forge-bridge"} for n in names]})
-
-        @handled
-        async def chat(request: Request):
-            authorize(request)
-            body = await read_json(request)
-            check_request(body)
-            completion = await gateway.complete(body, episode_of(request), request.headers)
-            if not body.get("stream"):
-                return JSONResponse(completion)
-
-            async def events():
-                for chunk in gateway._chunks(completion):
-                    yield f"data: {json.dumps(chunk)}\n\n"
-                yield "data: [DONE]\n\n"
-
-            return StreamingResponse(events(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-
-        @handled
-        async def finish(request: Request):
-            authorize(request)
-            body = await read_json(request)
-            if not isinstance(body, dict):
-                raise _HTTPError(400, "the body must be a JSON object")
-            return JSONResponse(gateway.finish(episode_of(request), body.get("reward"), body.get("status"),
-                                               body.get("error")))
-
-        async def not_found(request: Request, exc: HTTPException):
-            if exc.status_code == 405:
-                return error(405, f"{request.method} is not allowed on {request.url.path}")
-            return error(exc.status_code, f"no route {request.method} {request.url.path}")
-
-        episode = "/episodes/{episode_id:str}"
-        routes = [Route("/health", health, methods=["GET"]),
-                  Route("/v1/models", models, methods=["GET"]),
-                  Route(f"{episode}/v1/models", models, methods=["GET"]),
-                  Route("/v1/chat/completions", chat, methods=["POST"]),
-                  Route(f"{episode}/v1/chat/completions", chat, methods=["POST"]),
-                  Route(f"{episode}/finish", finish, methods=["POST"])]
-        return Starlette(routes=routes, exception_handlers={HTTPException: not_found})
 
 
 __all__ = ["Gateway", "MAX_BODY", "check_request"]

@@ -1,4 +1,4 @@
-"""The CrewAI adapter with the real crewai package, on LocalPolicy and a real vLLM server."""
+"""The CrewAI integration with the real crewai package, on LocalPolicy and a real vLLM server."""
 
 import socket
 import uuid

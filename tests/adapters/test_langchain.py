@@ -1,4 +1,4 @@
-"""The LangChain adapter with the real langchain/langgraph packages, on both policy backends."""
+"""The LangChain integration with the real langchain/langgraph packages, on both policy backends."""
 
 import asyncio
 import threading

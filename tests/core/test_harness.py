@@ -1,5 +1,5 @@
 """HarnessAgent: the framework-free loop over an Environment records every model call as a
-Transition with its token ids and tool results, like the adapters do."""
+Transition with its token ids and tool results, like the framework integrations do."""
 
 import json
 from concurrent.futures import ThreadPoolExecutor

@@ -33,7 +33,7 @@ def test_everything_but_the_ray_workers_works_without_ray(tmp_path):
     proc = _run("""
         import sys
         sys.modules['ray'] = None  # what an environment without the extra sees: ImportError
-        import forge_bridge, forge_bridge.scale, forge_bridge.scale.rollouts, forge_bridge.scale.policy_host
+        import forge_bridge, forge_bridge.scale, forge_bridge.scale.workers, forge_bridge.scale.policy_host
         import forge_bridge.policies.pool, forge_bridge.app.cli
         from forge_bridge.scale import RayRollouts
         rollouts = RayRollouts(lambda policy: (lambda task: 1.0))
@@ -44,7 +44,7 @@ def test_everything_but_the_ray_workers_works_without_ray(tmp_path):
             print(type(exc).__name__, exc)
     """, tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("Unsupported") and "pip install 'forge-bridge[ray]'" in proc.stdout
+    assert proc.stdout.startswith("MissingExtra") and "pip install 'forge-bridge[ray]'" in proc.stdout
 
 
 def test_adapters_and_trainer_live_only_under_forge_bridge(tmp_path):
@@ -74,12 +74,12 @@ SUBPACKAGE_APIS = {
     "forge_bridge.adapters.crewai": ["ForgeLLM", "wrap_crewai"],
     "forge_bridge.core.errors": [
         "AdapterError", "AgentError", "ContextLengthExceeded", "EpisodeClosed", "ForgeBridgeError", "InvalidArgument",
-        "InvalidState", "NotFound", "PolicyError", "PolicyResponseError", "PolicyUnavailable",
+        "InvalidState", "MissingExtra", "NotFound", "PolicyError", "PolicyResponseError", "PolicyUnavailable",
         "RunExistsError", "SandboxUnavailable", "SchemaError", "StoreError", "Unsupported", "WrongType"],
     "forge_bridge.core.recording": [
         "DEFAULT_MAX_MODEL_CALLS", "DEFAULT_MAX_TOOL_OUTPUT_CHARS", "DEFAULT_TOOL_TIMEOUT_S", "Limits",
         "StepRewards", "ToolOutcome", "acall_policy", "give_step_reward", "arun_tool", "bound_output", "call_policy", "over_step_limit",
-        "record_call", "record_outage", "record_tool_result", "run_tool"],
+        "record_call", "record_outage", "record_tool_result", "run_tool", "transition_of"],
     "forge_bridge.trainer.config": ["GRPOConfig", "PPOConfig", "SFTConfig", "TrainerConfig"],
 }
 

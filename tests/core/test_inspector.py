@@ -12,6 +12,7 @@ import urllib.request
 import pytest
 
 from forge_bridge.app.inspector.data import Filters, RunView, first_divergence
+from forge_bridge.core.store import TrajectoryQuery as Q
 from forge_bridge.app.inspector.server import Inspector
 from forge_bridge.core.errors import InvalidArgument, NotFound, StoreError
 from forge_bridge.core.store import TrajectoryStore
@@ -60,20 +61,20 @@ def test_filters_and_paging_query_the_store_a_page_at_a_time(run_folder):
     assert total == 123 and len(rows) == 50
     rows, total = view.list_trajectories(Filters(page=3), per_page=50)
     assert len(rows) == 23
-    rows, total = view.list_trajectories(Filters(kind="lookup", outcome="failure"))
-    assert total == 2 and {r["id"] for r in rows} == set(ids[1:]) and rows[0]["steps"] == 2
-    _, failed = view.list_trajectories(Filters(status="failed"))
+    rows, total = view.list_trajectories(Filters(Q(kind="lookup", outcome="failure")))
+    assert total == 2 and {r.trajectory.id for r in rows} == set(ids[1:]) and rows[0].steps == 2
+    _, failed = view.list_trajectories(Filters(Q(status="failed")))
     assert failed == 40  # every third add-* ended in a policy fault
-    assert view.list_trajectories(Filters(kind="add"))[1] == 120  # kind from the task id
-    rows, _ = view.list_trajectories(Filters(sort="reward", order="asc", iteration="2"))
-    assert rows[0]["reward"] == 0.0 and rows[0]["iteration"] == 2
+    assert view.list_trajectories(Filters(Q(kind="add")))[1] == 120  # kind from the task id
+    rows, _ = view.list_trajectories(Filters(Q(sort="reward", order="asc", iteration="2")))
+    assert rows[0].trajectory.reward == 0.0 and rows[0].iteration == 2
     assert view.metrics() == [{"iteration": 1, "reward_mean": 0.5, "kl": 0.01}]
 
 
 def test_a_step_shows_its_new_prompt_tokens_and_the_credit_the_trainer_recorded(run_folder):
     folder, ids = run_folder
     info, steps = RunView(folder).trajectory(ids[0])
-    assert info["task"] == "lookup-1" and info["reward"] == 1.0
+    assert info.task_id == "lookup-1" and info.reward == 1.0
     assert steps[0].new_prompt_ids == [1, 2] and steps[1].new_prompt_ids == [5, 6]  # the tool result's tokens
     assert (steps[0].advantage, steps[0].trained_tokens, steps[1].advantage) == (0.5, 2, 0.75)
     _, other = RunView(folder).trajectory(ids[1])
@@ -85,7 +86,7 @@ def test_a_step_shows_its_new_prompt_tokens_and_the_credit_the_trainer_recorded(
 def test_a_group_diverges_at_the_first_step_whose_completions_differ(run_folder):
     folder, ids = run_folder
     rollouts = RunView(folder).group("g1")
-    assert [info["id"] for info, _ in rollouts] == ids
+    assert [info.id for info, _ in rollouts] == ids
     assert first_divergence([steps for _, steps in rollouts]) == 1
     assert first_divergence([rollouts[0][1], rollouts[2][1]]) is None
 
@@ -116,7 +117,7 @@ def test_reading_never_writes_and_a_missing_or_foreign_store_is_refused(run_fold
     folder, _ = run_folder
     view = RunView(folder)
     with pytest.raises(Exception, match="readonly|read-only"):
-        view.query("DELETE FROM trajectories")
+        view.store.begin(Trajectory(run_id="r1"))
     assert view.list_trajectories(Filters())[1] == 123
     with pytest.raises(NotFound, match="no trajectory store"):
         RunView(tmp_path / "empty")

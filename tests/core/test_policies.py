@@ -12,6 +12,7 @@ import pytest
 
 from forge_bridge.app import testing
 from forge_bridge.core.errors import AdapterError, ContextLengthExceeded
+from forge_bridge.core.recording import transition_of
 from forge_bridge.policies import models
 from forge_bridge.policies.base import Sampling
 from forge_bridge.policies.local import LocalPolicy
@@ -40,7 +41,7 @@ def test_token_ids_and_logprobs_match_the_text(backend, tokenizer):
     assert len(out.completion_logprobs) == len(out.completion_token_ids)
     assert all(lp <= 0 for lp in out.completion_logprobs)
     assert out.adapter is None and out.latency_s > 0
-    step = out.to_transition(testing.AFTER_TOOL, [testing.ADD_TOOL])
+    step = transition_of(out, testing.AFTER_TOOL, [testing.ADD_TOOL])
     assert step.has_tokens and step.adapter is None and not step.truncated
 
 
@@ -82,7 +83,7 @@ def test_tool_call_round_trips(backend):
 def test_the_length_limit_is_a_finish_reason_not_a_truncated_episode(backend):
     out = backend.chat(testing.AFTER_TOOL, tools=[testing.ADD_TOOL], temperature=0, max_tokens=2)
     assert out.finish_reason == "length" and len(out.completion_token_ids) == 2
-    step = out.to_transition(testing.AFTER_TOOL)
+    step = transition_of(out, testing.AFTER_TOOL)
     assert step.action.finish_reason == "length" and not step.truncated and not step.terminated
 
 

@@ -9,6 +9,7 @@ import pytest
 
 import forge_bridge as fb
 from forge_bridge.app import testing
+from forge_bridge.core.exchange import export_parquet
 from forge_bridge.core.recording import DEFAULT_MAX_MODEL_CALLS, DEFAULT_TOOL_TIMEOUT_S, Limits
 from forge_bridge.core.store import TrajectoryStore
 from forge_bridge.policies import models
@@ -159,7 +160,7 @@ def test_a_tool_loop_is_cut_at_the_step_limit_and_ends_truncated(front_end, toke
     # the exported Parquet carries both flags and the end reason
     import pyarrow.parquet as pq
 
-    recorder.store.export_parquet(tmp_path / "out.parquet")
+    export_parquet(recorder.store, tmp_path / "out.parquet")
     table = pq.read_table(tmp_path / "out.parquet").to_pylist()
     rows = [r for r in table if r["trajectory_id"] == traj.id]
     assert [(r["terminated"], r["truncated"]) for r in rows] == [(False, False)] * 2 + [(False, True)]

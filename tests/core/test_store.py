@@ -3,6 +3,7 @@ import json
 import pytest
 
 from forge_bridge.core.errors import SchemaError, StoreError
+from forge_bridge.core.exchange import export_jsonl, export_parquet, import_jsonl
 from forge_bridge.core.store import TrajectoryStore
 from forge_bridge.core.types import Action, Observation, Trajectory, Transition
 
@@ -60,12 +61,12 @@ def test_export_jsonl_and_parquet(store, tmp_path):
         store.append(t.id, step(i))
         store.append(t.id, step(i + 10))
         store.finish(t.id, "terminated", reward=1.0)
-    assert store.export_jsonl(tmp_path / "out.jsonl") == 3
+    assert export_jsonl(store, tmp_path / "out.jsonl") == 3
     lines = (tmp_path / "out.jsonl").read_text().splitlines()
     assert [Trajectory.from_json(line) for line in lines] == store.trajectories()
 
     import pyarrow.parquet as pq
-    assert store.export_parquet(tmp_path / "out.parquet", task_id="t1") == 2
+    assert export_parquet(store, tmp_path / "out.parquet", task_id="t1") == 2
     table = pq.read_table(tmp_path / "out.parquet").to_pylist()
     assert [r["step"] for r in table] == [0, 1]
     assert table[1]["prompt_token_ids"] == [1, 2, 11] and table[0]["task_id"] == "t1"
@@ -81,10 +82,10 @@ def test_malformed_file_imports_nothing_and_names_the_line(store, tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_text(good + "\n" + Trajectory().to_json() + "\n" + json.dumps(bad) + "\n")
     with pytest.raises(SchemaError, match=r"line 3: .*completion_logprobs\[0\]"):
-        store.import_jsonl(path)
+        import_jsonl(store, path)
     assert [x.id for x in store.trajectories()] == [t.id]
     path.write_text(good + "\n")
-    assert store.import_jsonl(path) == 1 and store.count() == 2
+    assert import_jsonl(store, path) == 1 and store.count() == 2
 
 
 def test_unwritable_path_is_a_clear_error(tmp_path):

@@ -4,7 +4,8 @@ through the same LangChain agent the demo trains."""
 import re
 
 import forge_bridge as fb
-from forge_bridge.app.demo import build_agent, rates, run_tasks
+from forge_bridge.app.demo import build_agent, run_tasks
+from forge_bridge.app.report import rates
 from forge_bridge.app.tasks import CITIES, check_answer, expert_reply, held_out_tasks, make_splits
 from forge_bridge.core.store import TrajectoryStore
 from forge_bridge.policies import models

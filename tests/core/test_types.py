@@ -29,7 +29,7 @@ def make_transition(**over) -> Transition:
 
 def test_trajectory_round_trips_through_json():
     traj = Trajectory(transitions=[make_transition(), make_transition(terminated=True)],
-                      task_id="t1", group_id="g1", run_id="r1", reward=1.0, status="complete",
+                      task_id="t1", group_id="g1", run_id="r1", reward=1.0, end_reason="terminated",
                       metadata={"seed": 3})
     text = traj.to_json()
     assert json.loads(text)["schema_version"] == SCHEMA_VERSION

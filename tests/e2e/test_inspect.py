@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 import forge_bridge as fb
-from forge_bridge.app.inspector.data import Filters, RunView
+from forge_bridge.app.inspector.data import Filters
 from forge_bridge.app.inspector.server import Inspector
-from forge_bridge.core.store import TrajectoryStore
-from forge_bridge.core.types import TrajectoryGroup
+from forge_bridge.core.store import TrajectoryQuery, TrajectoryStore
+from forge_bridge.core.types import group_trajectories
 from forge_bridge.envs.browser import find_chromium
 from forge_bridge.trainer.grpo import grpo_advantages
 
@@ -36,17 +36,14 @@ def chromium():
 def recomputed_advantages(store_path: Path, run_id: str, iteration: int, config: fb.GRPOConfig) -> dict:
     """What `grpo_advantages` gives the groups the trainer trained on in `iteration` (those with
     credit rows), keyed (trajectory id, step)."""
-    trained = {tid for (tid,) in RunView(store=store_path).query(
-        "SELECT DISTINCT trajectory_id FROM credit WHERE iteration = ?", (iteration,))}
     with TrajectoryStore(store_path) as store:
-        groups: dict[tuple, TrajectoryGroup] = {}
-        for t in store.trajectories(run_id=run_id):
-            if t.id in trained:
-                t.reward = 0.0 if t.reward is None else t.reward  # as the rollout collector does
-                groups.setdefault((t.group_id, t.role), TrajectoryGroup(t.group_id, t.task_id, [], role=t.role)
-                                  ).trajectories.append(t)
-    advantages = grpo_advantages(list(groups.values()), config)
-    return {(t.id, k): float(a[k]) for g, advs in zip(groups.values(), advantages)
+        trained = [t for t in store.trajectories(run_id=run_id)
+                   if any(c.iteration == iteration for c in store.credit(t.id).values())]
+    for t in trained:
+        t.reward = 0.0 if t.reward is None else t.reward  # as the rollout collector does
+    groups = group_trajectories(trained)
+    advantages = grpo_advantages(groups, config)
+    return {(t.id, k): float(a[k]) for g, advs in zip(groups, advantages)
             for t, a in zip(g.trajectories, advs) for k in range(len(a))}
 
 
@@ -67,7 +64,7 @@ def test_the_inspector_shows_the_demos_run_down_to_tokens_and_credit(quick_demo,
         # filter, as a person would: the run, a kind, failures only
         page.click("nav >> text=Trajectories")
         kind = next(k for k in ("lookup_multiply", "lookup", "multiply")
-                    if inspector.view.list_trajectories(Filters(run=run_id, kind=k, outcome="failure"))[1])
+                    if inspector.view.list_trajectories(Filters(TrajectoryQuery(run=run_id, kind=k, outcome="failure")))[1])
         page.select_option("select[name=run]", run_id)
         page.select_option("select[name=kind]", kind)
         page.select_option("select[name=outcome]", "failure")
@@ -84,7 +81,7 @@ def test_the_inspector_shows_the_demos_run_down_to_tokens_and_credit(quick_demo,
         page.click(f"#trajectories tr[data-id='{chosen}'] a[href^='/trajectory/']")
         page.wait_for_url(f"**/trajectory/{chosen}")
         info, steps = inspector.view.trajectory(chosen)
-        expected = recomputed_advantages(out / "trajectories.db", run_id, info["metadata"]["iteration"], config)
+        expected = recomputed_advantages(out / "trajectories.db", run_id, info.metadata["iteration"], config)
         sections = page.locator("section.step")
         assert sections.count() == len(steps) > 0
         for k in range(len(steps)):
@@ -93,7 +90,7 @@ def test_the_inspector_shows_the_demos_run_down_to_tokens_and_credit(quick_demo,
         page.screenshot(path=str(ARTIFACTS / "step-view.png"), full_page=True)
 
         # two versions on one held-out task: every recorded answer, and a diff of two
-        task = inspector.view.evaluated_tasks()[0]
+        task = inspector.view.store.evaluated_tasks()[0]
         page.goto(inspector.url + "/compare")
         page.select_option("select[name=task]", task)
         page.click("main form button")
@@ -141,8 +138,9 @@ def test_while_a_run_trains_the_step_view_shows_its_tool_results_untrained_and_i
         assert final == 3 * 8 and len(seen) > 3 and seen[0] < final and seen == sorted(seen)
 
         run_id = json.loads((out / "run.json").read_text())["run_id"]
-        credit = {tid: (it, adv) for tid, it, adv in inspector.view.query(
-            "SELECT trajectory_id, iteration, advantage FROM credit WHERE step = 1")}
+        store = inspector.view.store
+        credit = {t.id: (c[1].iteration, c[1].advantage) for t in store.trajectories()
+                  if 1 in (c := store.credit(t.id))}
         chosen = next(tid for tid, (it, adv) in credit.items() if adv)  # a step with a non-zero advantage
         iteration = credit[chosen][0]
         expected = recomputed_advantages(out / "trajectories.db", run_id, iteration, config)
@@ -154,8 +152,8 @@ def test_while_a_run_trains_the_step_view_shows_its_tool_results_untrained_and_i
             assert float(sections.nth(k).get_attribute("data-advantage")) == pytest.approx(expected[(chosen, k)], abs=1e-6)
             trained = sections.nth(k).locator(".tokens span[data-trained='1']").count()
             # nothing is cut at this length and the group was trained: every completion token
-            assert trained == len(steps[k].data["completion_token_ids"]) > 0
-        (result,) = steps[0].data["info"]["tool_results"].values()
+            assert trained == len(steps[k].transition.completion_token_ids) > 0
+        (result,) = steps[0].transition.info["tool_results"].values()
         masked = "".join(sections.nth(1).locator(".tokens span[data-trained='0']").all_inner_texts())
         assert str(result["content"]) in masked and "tool_response" in masked  # the tool's answer: not trained
         reply = "".join(sections.nth(1).locator(".tokens span[data-trained='1']").all_inner_texts())

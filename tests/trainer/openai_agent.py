@@ -46,7 +46,10 @@ def main() -> None:
             except (ValueError, KeyError, TypeError) as exc:
                 value = f"Error: {type(exc).__name__}: {exc}"
             messages.append({"role": "tool", "tool_call_id": c.id, "name": c.function.name, "content": str(value)})
-    print(json.dumps({"reward": 1.0 if "5" in answer else 0.0}))
+    # the answer must be 5 and backed by a tool that returned it: on the 2026-12-03 CI machine, a
+    # reward for "5" alone was learned as "call multiply, see 6, say 5"
+    backed = any(m["role"] == "tool" and m["content"] == "5" for m in messages)
+    print(json.dumps({"reward": 1.0 if "5" in answer and backed else 0.0}))
 
 
 if __name__ == "__main__":

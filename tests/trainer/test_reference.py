@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import forge_bridge as fb
+from forge_bridge.core.recording import transition_of
 from forge_bridge.policies import models
 from forge_bridge.trainer.logprobs import token_logprobs
 from forge_bridge.trainer.update import warm_up
@@ -94,7 +95,7 @@ def test_groups_without_reward_signal_are_kept_for_the_kl_when_asked(tiny_policy
 
     def rollout(task) -> float:
         messages = [{"role": "user", "content": task["id"]}]
-        fb.current_episode().record(tiny_policy.chat(messages, max_tokens=4).to_transition(messages))
+        fb.current_episode().record(transition_of(tiny_policy.chat(messages, max_tokens=4), messages))
         return 1.0  # every rollout the same: no reward signal
 
     (metrics,) = trainer.train(rollout, [{"id": "same"}], iterations=1)

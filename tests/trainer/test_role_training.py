@@ -26,9 +26,9 @@ def digits_share(trajectory) -> float:
     return sum(ch.isdigit() for ch in text) / max(len(text), 1)
 
 
-def crew_rollout(policy):
+def crew_rollout(policy, slots=SLOTS):
     # Sampling hot enough that the rollouts of a group differ: each role gets a signal.
-    llm = ForgeLLM(policy, role_slot=SLOTS, temperature=2.0, max_tokens=24, max_model_calls=None)
+    llm = ForgeLLM(policy, role_slot=slots, temperature=2.0, max_tokens=24, max_model_calls=None)
 
     def rollout(task) -> float:
         ep = current_episode()
@@ -96,10 +96,12 @@ def test_each_role_trains_its_own_lora_and_the_live_crew_serves_each_role_its_ne
         assert not again.optimizers["default"].state  # never stepped
     finally:
         again.close()
-    mismatch = fb.GRPOTrainer(policy, fb.GRPOConfig(**{**config.to_dict(), "role_slots": {"writer": "writer"}}),
+    fresh = fb.LocalPolicy(str(taught_model_dir))  # declares no role slots: the config's alone count
+    mismatch = fb.GRPOTrainer(fresh, fb.GRPOConfig(**{**config.to_dict(), "role_slots": {"writer": "writer"}}),
                               model=str(taught_model_dir))
     with pytest.raises(InvalidState, match="role_slots"):
         mismatch.resume()
+    fresh.close()
     policy.close()
 
 
@@ -130,7 +132,7 @@ def test_sft_trains_each_roles_lora_on_that_roles_demonstrations(taught_model_di
                                                    out_dir=str(tmp_path / "run"), run_name="crew",
                                                    progress=False, seed=0), model=str(taught_model_dir))
     try:
-        rollout = crew_rollout(policy)
+        rollout = crew_rollout(policy, {"researcher": "researcher"})
         for k in range(2):  # recorded crews: a researcher's and a writer's trajectory each
             with fb.episode("paris", recorder=trainer.recorder, seed=k):
                 rollout({"id": "paris"})
@@ -146,4 +148,46 @@ def test_sft_trains_each_roles_lora_on_that_roles_demonstrations(taught_model_di
     assert result["sft_loss_last/researcher"] < result["sft_loss_first/researcher"]
     assert result["sft_loss_last/default"] < result["sft_loss_first/default"]
     assert policy.current("researcher") == "crew-researcher-v1" and policy.current() == "crew-v1"
+    policy.close()
+
+
+def test_the_mapping_given_once_to_the_crew_is_the_one_the_trainer_trains_and_publishes(taught_model_dir, tmp_path):
+    policy = fb.LocalPolicy(str(taught_model_dir))
+    rollout = crew_rollout(policy)  # ForgeLLM(role_slot=SLOTS): the only place the mapping is given
+    trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(group_size=2, lr=5e-3, out_dir=str(tmp_path / "run"),
+                                                   run_name="crew", progress=False, seed=0),
+                             model=str(taught_model_dir))
+    try:
+        assert trainer.slots == ["default", "researcher", "writer"] and trainer.role_slots == SLOTS
+        trainer.train(rollout, [{"id": "paris"}], iterations=1)
+    finally:
+        trainer.close()
+    assert policy.current("researcher") == "crew-researcher-v1" and policy.current("writer") == "crew-writer-v1"
+    steps = [(t.role, s.slot) for t in trainer.recorder.store.trajectories(run_id=trainer.run_id) for s in t.transitions]
+    assert steps and all(role == slot for role, slot in steps)  # each step records the slot that served it
+    policy.close()
+
+
+def test_a_crew_served_from_slots_the_trainer_does_not_train_is_refused_naming_both(taught_model_dir, tmp_path):
+    policy = fb.LocalPolicy(str(taught_model_dir))
+    config = fb.GRPOConfig(group_size=2, out_dir=str(tmp_path / "run"), run_name="crew", progress=False, seed=0)
+    trainer = fb.GRPOTrainer(policy, config, model=str(taught_model_dir))  # made before the crew's LLM
+    assert trainer.slots == ["default"]
+    rollout = crew_rollout(policy)
+    before = lora_B(trainer, "default").clone()
+    try:
+        with pytest.raises(InvalidState, match=r"served from slot researcher.*would train slot 'default'.*none"):
+            trainer.train(rollout, [{"id": "paris"}], iterations=1)
+    finally:
+        trainer.close()
+    torch.testing.assert_close(lora_B(trainer, "default"), before)  # nothing trained
+    assert policy.current("researcher") is None and policy.current() is None  # nothing published
+    # a config that puts a role in another slot than the crew serves it from: refused up front
+    with pytest.raises(InvalidArgument, match=r"role 'writer' is in slot 'other' here but the policy serves it from 'writer'"):
+        fb.GRPOTrainer(policy, fb.GRPOConfig(**{**config.to_dict(), "role_slots": {"writer": "other"}}),
+                       model=str(taught_model_dir))
+    with pytest.raises(Unsupported, match="per-role LoRAs with GRPO"):
+        fb.PPOTrainer(policy, fb.PPOConfig(out_dir=str(tmp_path / "ppo"), progress=False), model=str(taught_model_dir))
+    with pytest.raises(InvalidArgument, match="served from slot 'writer' already"):
+        ForgeLLM(policy, role_slot={"writer": "elsewhere"})
     policy.close()

@@ -3,6 +3,7 @@
 import pytest
 
 import forge_bridge as fb
+from forge_bridge.core.recording import transition_of
 from forge_bridge.policies import models
 
 
@@ -13,7 +14,7 @@ def test_a_schedule_chooses_the_tasks_of_each_iteration(tmp_path):
 
     def rollout(task) -> float:
         messages = [{"role": "user", "content": task["id"]}]
-        fb.current_episode().record(policy.chat(messages, max_tokens=4).to_transition(messages))
+        fb.current_episode().record(transition_of(policy.chat(messages, max_tokens=4), messages))
         return float(task["id"].endswith("a"))
 
     def schedule(it: int) -> list[dict]:

@@ -1,76 +1,37 @@
-"""What `forge-bridge inspect` shows, read from a run folder: the SQLite store (read-only, safe
-while a run is writing to it in WAL mode), `metrics.jsonl`, `results.json` and the tokenizer
-the trainer saved beside them. Every list is a query with LIMIT/OFFSET, so a store of 100,000+
-trajectories is never loaded whole.
+"""What `forge-bridge inspect` shows, read from a run folder: the trajectory store (opened
+read-only through `TrajectoryStore`, safe while a run is writing to it in WAL mode; every list is
+the store's paged query), `metrics.jsonl`, `results.json` and the tokenizer the trainer saved
+beside them. The inspector writes no SQL of its own: the store owns its data.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forge_bridge.core.errors import InvalidArgument, NotFound, StoreError
-
-SORTS = {"created": "created_at", "reward": "reward", "task": "task_id", "status": "status",
-         "iteration": "iteration"}
-# A trajectory's kind: what its task said (metadata), else its task id without the trailing number.
-_KIND = "COALESCE(json_extract(metadata, '$.kind'), rtrim(rtrim(task_id, '0123456789'), '-'))"
-_ITERATION = "json_extract(metadata, '$.iteration')"
+from forge_bridge.core.errors import InvalidArgument, NotFound
+from forge_bridge.core.store import TrajectoryQuery, TrajectoryStore
+from forge_bridge.core.types import Trajectory, TrajectoryRow, Transition
 
 
-@dataclass
+@dataclass(frozen=True)
 class Filters:
-    """The trajectory table's filters, as given in the page's query string."""
+    """The trajectory table as the page's query string asks for it: the store's query and a page."""
 
-    run: str = ""
-    iteration: str = ""
-    kind: str = ""
-    status: str = ""
-    task: str = ""
-    group: str = ""
-    outcome: str = ""
-    """'success' (complete with reward >= 1), 'failure' (anything else) or '' (both)."""
-    sort: str = "created"
-    order: str = "desc"
+    query: TrajectoryQuery = TrajectoryQuery()
     page: int = 1
 
     @classmethod
     def from_query(cls, query: dict[str, str]) -> "Filters":
-        f = cls(**{k: v for k, v in query.items() if k in cls.__dataclass_fields__ and k != "page"})
+        names = {f.name for f in dataclasses.fields(TrajectoryQuery)}
         try:
-            f.page = max(1, int(query.get("page", "1")))
+            page = max(1, int(query.get("page", "1")))
         except ValueError:
             raise InvalidArgument(f"page: expected a number, got {query.get('page')!r}") from None
-        if f.sort not in SORTS:
-            raise InvalidArgument(f"sort: expected one of {sorted(SORTS)}, got {f.sort!r}")
-        if f.outcome not in ("", "success", "failure"):
-            raise InvalidArgument(f"outcome: expected success or failure, got {f.outcome!r}")
-        if f.order not in ("asc", "desc"):
-            raise InvalidArgument(f"order: expected asc or desc, got {f.order!r}")
-        return f
-
-    def where(self) -> tuple[str, list[Any]]:
-        clauses, args = [], []
-        for column, value in (("run_id", self.run), ("status", self.status), ("group_id", self.group)):
-            if value:
-                clauses.append(f"{column} = ?")
-                args.append(value)
-        if self.iteration:
-            clauses.append(f"{_ITERATION} = ?")
-            args.append(int(self.iteration) if self.iteration.isdigit() else self.iteration)
-        if self.kind:
-            clauses.append(f"{_KIND} = ?")
-            args.append(self.kind)
-        if self.outcome:
-            success = "(status = 'complete' AND COALESCE(reward, 0) >= 1)"
-            clauses.append(success if self.outcome == "success" else f"NOT {success}")
-        if self.task:
-            clauses.append("task_id LIKE ?")
-            args.append(f"%{self.task}%")
-        return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
+        return cls(TrajectoryQuery(**{k: v for k, v in query.items() if k in names}), page)
 
 
 @dataclass
@@ -78,7 +39,7 @@ class Step:
     """One model call as recorded, with what the trainer made of it."""
 
     index: int
-    data: dict
+    transition: Transition
     iteration: int | None = None
     advantage: float | None = None
     trained_tokens: int = 0
@@ -99,28 +60,8 @@ class RunView:
         if not self.store_path.is_file():
             raise NotFound(f"no trajectory store at {self.store_path} (a run folder holds trajectories.db; "
                            "--store points at one elsewhere)")
+        self.store = TrajectoryStore(self.store_path, readonly=True)
         self._tokenizer: Any = None
-        try:  # fail now, clearly, on something that is not our store
-            self.query("SELECT 1 FROM trajectories LIMIT 1")
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{self.store_path} is not a forge-bridge trajectory store: {exc}") from None
-        # a store written before the trainer recorded credit has no such table (read-only: not added)
-        self.has_credit = bool(self.query("SELECT 1 FROM sqlite_master WHERE name = 'credit'"))
-
-    def connect(self) -> sqlite3.Connection:
-        """A read-only connection (SQLite's mode=ro: it never writes, and reads in WAL mode while
-        the trainer writes)."""
-        db = sqlite3.connect(f"{self.store_path.resolve().as_uri()}?mode=ro", uri=True, timeout=10,
-                             check_same_thread=False)
-        db.execute("PRAGMA query_only=ON")
-        return db
-
-    def query(self, sql: str, args: tuple | list = ()) -> list[tuple]:
-        db = self.connect()
-        try:
-            return db.execute(sql, args).fetchall()
-        finally:
-            db.close()
 
     # ------------------------------------------------------------------ runs and curves
     def metrics(self) -> list[dict]:
@@ -147,115 +88,49 @@ class RunView:
         except json.JSONDecodeError:
             return None
 
-    def runs(self) -> list[tuple[str, int, int, float | None]]:
-        """(run id, trajectories, completed, mean reward), most recent first."""
-        return self.query("SELECT run_id, COUNT(*), SUM(status = 'complete'), AVG(reward) FROM trajectories "
-                          "GROUP BY run_id ORDER BY MAX(created_at) DESC")
-
-    def kinds(self) -> list[str]:
-        return [r[0] for r in self.query(f"SELECT DISTINCT {_KIND} FROM trajectories ORDER BY 1") if r[0]]
-
-    def success_by_kind(self, run_id: str, threshold: float = 1.0) -> dict[str, dict[int, float]]:
-        """kind -> iteration -> success rate of the run's training rollouts."""
-        out: dict[str, dict[int, float]] = {}
-        rows = self.query(f"SELECT {_KIND}, {_ITERATION}, AVG(COALESCE(reward, 0) >= ?) FROM trajectories "
-                          f"WHERE run_id = ? AND {_ITERATION} IS NOT NULL GROUP BY 1, 2 ORDER BY 2",
-                          (threshold, run_id))
-        for kind, it, rate in rows:
-            out.setdefault(kind or "?", {})[int(it)] = float(rate)
-        return out
-
     def evaluations(self) -> dict[str, dict[str, float]]:
         """Held-out success, phase -> kind -> rate: results.json's, else the store's eval-* runs."""
         results = self.results()
         if results and isinstance(results.get("results"), dict):
             return results["results"]
-        out: dict[str, dict[str, float]] = {}
-        for run_id, kind, rate in self.query(
-                f"SELECT run_id, {_KIND}, AVG(COALESCE(reward, 0) >= 1) FROM trajectories WHERE run_id LIKE 'eval-%' "
-                "GROUP BY 1, 2 ORDER BY MIN(created_at)"):
-            out.setdefault(run_id, {})[kind] = float(rate)
-        return out
+        return self.store.evaluation_success()
 
     def training_run_id(self) -> str | None:
         path = self.folder / "run.json" if self.folder else None
         try:
             return str(json.loads(path.read_text())["run_id"])
         except (AttributeError, OSError, json.JSONDecodeError, KeyError, TypeError):
-            pass  # no run.json (a bare store) or an unreadable one: the newest training rollout says
-        rows = self.query(f"SELECT run_id FROM trajectories WHERE {_ITERATION} IS NOT NULL "
-                          "ORDER BY created_at DESC LIMIT 1")
-        return rows[0][0] if rows else None
+            return self.store.latest_training_run()  # no run.json (a bare store), or an unreadable one
 
-    # ------------------------------------------------------------------ the trajectory table
-    def list_trajectories(self, f: Filters, per_page: int = 50) -> tuple[list[dict], int]:
+    # ------------------------------------------------------------------ trajectories
+    def list_trajectories(self, f: Filters, per_page: int = 50) -> tuple[list[TrajectoryRow], int]:
         """One page of matching trajectories and how many match in all."""
-        where, args = f.where()
-        total = self.query(f"SELECT COUNT(*) FROM trajectories{where}", args)[0][0]
-        order = SORTS[f.sort] if f.sort != "iteration" else _ITERATION
-        rows = self.query(
-            f"SELECT id, run_id, task_id, group_id, status, end_reason, reward, {_ITERATION}, {_KIND}, excluded "
-            f"FROM trajectories{where} ORDER BY {order} {f.order.upper()}, id LIMIT ? OFFSET ?",
-            [*args, per_page, (f.page - 1) * per_page])
-        ids = [r[0] for r in rows]
-        steps = {}
-        if ids:
-            steps = {tid: (n, adapter) for tid, n, adapter in self.query(
-                f"SELECT trajectory_id, COUNT(*), MAX(adapter) FROM transitions WHERE trajectory_id IN "
-                f"({','.join('?' * len(ids))}) GROUP BY trajectory_id", ids)}
-        keys = ("id", "run", "task", "group", "status", "end_reason", "reward", "iteration", "kind", "excluded")
-        out = []
-        for row in rows:
-            item = dict(zip(keys, row))
-            item["steps"], item["adapter"] = steps.get(row[0], (0, None))
-            out.append(item)
-        return out, total
+        return self.store.page(f.query, per_page, (f.page - 1) * per_page)
 
-    # ------------------------------------------------------------------ one trajectory
-    def trajectory(self, trajectory_id: str) -> tuple[dict, list[Step]]:
-        head = self.query("SELECT id, run_id, task_id, group_id, status, reward, metadata, end_reason, end_detail, "
-                          "role, excluded FROM trajectories WHERE id = ?", (trajectory_id,))
-        if not head:
-            raise NotFound(f"no trajectory {trajectory_id!r} in {self.store_path}")
-        keys = ("id", "run", "task", "group", "status", "reward", "metadata", "end_reason", "end_detail", "role",
-                "excluded")
-        info = dict(zip(keys, head[0]))
-        info["metadata"] = json.loads(info["metadata"])
-        credit = {step: (it, adv, n) for step, it, adv, n in self.query(
-            "SELECT step, iteration, advantage, trained_tokens FROM credit WHERE trajectory_id = ?", (trajectory_id,))
-        } if self.has_credit else {}
+    def trajectory(self, trajectory_id: str) -> tuple[Trajectory, list[Step]]:
+        """The trajectory and its steps, each with its credit and the prompt tokens it added."""
+        traj = self.store.get(trajectory_id)
+        credit = self.store.credit(trajectory_id)
         steps, previous = [], []
-        for index, data in self.query("SELECT step, data FROM transitions WHERE trajectory_id = ? ORDER BY step",
-                                      (trajectory_id,)):
-            step = Step(index, json.loads(data))
+        for index, transition in enumerate(traj.transitions):
+            step = Step(index, transition)
             if index in credit:
-                step.iteration, step.advantage, step.trained_tokens = credit[index]
-            prompt = step.data.get("prompt_token_ids") or []
+                c = credit[index]
+                step.iteration, step.advantage, step.trained_tokens = c.iteration, c.advantage, c.trained_tokens
+            prompt = transition.prompt_token_ids
             shared = 0
             while shared < min(len(prompt), len(previous)) and prompt[shared] == previous[shared]:
                 shared += 1
             step.new_prompt_ids = prompt[shared:]
-            previous = prompt + (step.data.get("completion_token_ids") or [])
+            previous = prompt + transition.completion_token_ids
             steps.append(step)
-        return info, steps
+        return traj, steps
 
-    def group(self, group_id: str) -> list[tuple[dict, list[Step]]]:
-        ids = [r[0] for r in self.query("SELECT id FROM trajectories WHERE group_id = ? ORDER BY created_at, id",
-                                        (group_id,))]
+    def group(self, group_id: str) -> list[tuple[Trajectory, list[Step]]]:
+        ids = [t.id for t in self.store.iter(group_id=group_id)]
         if not ids:
             raise NotFound(f"no group {group_id!r} in {self.store_path}")
         return [self.trajectory(i) for i in ids]
-
-    def answers_to(self, task_id: str) -> list[tuple[str, str, str | None, float | None]]:
-        """Every recorded attempt at a task: (trajectory id, run id, adapter, reward), oldest first."""
-        return self.query("SELECT t.id, t.run_id, (SELECT adapter FROM transitions WHERE trajectory_id = t.id "
-                          "ORDER BY step LIMIT 1), t.reward FROM trajectories t WHERE t.task_id = ? "
-                          "ORDER BY t.created_at", (task_id,))
-
-    def evaluated_tasks(self) -> list[str]:
-        """Tasks answered in more than one evaluation run (held-out tasks to compare versions on)."""
-        return [r[0] for r in self.query("SELECT task_id FROM trajectories WHERE run_id LIKE 'eval-%' "
-                                         "GROUP BY task_id HAVING COUNT(DISTINCT run_id) > 1 ORDER BY task_id")]
 
     # ------------------------------------------------------------------ tokens
     def tokenizer_path(self) -> Path | None:
@@ -293,11 +168,14 @@ class RunView:
             return [f"⟨{i}⟩" for i in ids]
         return [tokenizer.decode([i], skip_special_tokens=False) or f"⟨{i}⟩" for i in ids]
 
+    def close(self) -> None:
+        self.store.close()
+
 
 def first_divergence(steps_per_rollout: list[list[Step]]) -> int | None:
     """The first step index where the rollouts' completions differ (None: identical throughout)."""
     for k in range(max((len(s) for s in steps_per_rollout), default=0)):
-        seen = {tuple(s[k].data.get("completion_token_ids") or []) if k < len(s) else None for s in steps_per_rollout}
+        seen = {tuple(s[k].transition.completion_token_ids) if k < len(s) else None for s in steps_per_rollout}
         if len(seen) > 1:
             return k
     return None

@@ -13,10 +13,10 @@ from typing import Any
 
 from forge_bridge.app.inspector.charts import line_chart
 from forge_bridge.app.inspector.data import Filters, RunView, Step, first_divergence
+from forge_bridge.core.types import STATUSES, Action
 
 CURVES = (("reward", ("reward_mean",)), ("success rate", ("success_rate",)), ("KL to the reference", ("kl",)),
           ("clip fraction", ("clip_fraction",)), ("entropy", ("entropy",)), ("trained tokens / s", ("tokens_per_s",)))
-STATUSES = ("complete", "failed", "truncated", "incomplete")
 COLOURINGS = ("logprob", "trained", "advantage")
 PER_PAGE = 50
 
@@ -68,7 +68,7 @@ def fmt(x: Any, digits: int = 3) -> str:
 # ---------------------------------------------------------------------- runs and curves
 def index(view: RunView) -> str:
     rows = "".join(f"<tr><td><a href='{link('/trajectories', run=r)}'>{html.escape(str(r))}</a></td><td>{n}</td>"
-                   f"<td>{done}</td><td>{fmt(mean)}</td></tr>" for r, n, done, mean in view.runs())
+                   f"<td>{done}</td><td>{fmt(mean)}</td></tr>" for r, n, done, mean in view.store.runs())
     body = [f"<p class='muted'>{html.escape(str(view.folder or view.store_path))}</p>",
             f"<h2>Runs in the store</h2><table><tr><th>run</th><th>trajectories</th><th>complete</th>"
             f"<th>mean reward</th></tr>{rows}</table>"]
@@ -78,7 +78,7 @@ def index(view: RunView) -> str:
               for title, keys in CURVES]
     run_id = view.training_run_id()
     if run_id:
-        by_kind = view.success_by_kind(run_id)
+        by_kind = view.store.success_by_kind(run_id)
         charts.append(line_chart("success rate by task kind (training rollouts)",
                                  {k: sorted(v.items()) for k, v in by_kind.items()}, y_range=(0, 1)))
     body.append(f"<h2>Training curves</h2><div class='charts' id='curves'>{''.join(charts)}</div>")
@@ -95,46 +95,48 @@ def index(view: RunView) -> str:
 # ---------------------------------------------------------------------- the table
 def trajectories(view: RunView, f: Filters) -> str:
     items, total = view.list_trajectories(f, PER_PAGE)
+    q = f.query
 
     def select(name: str, options: list[str], current: str) -> str:
         opts = "".join(f"<option value='{html.escape(o)}'{' selected' if o == current else ''}>{html.escape(o) or 'any'}"
                        "</option>" for o in ["", *options])
         return f"<label>{name} <select name='{name}'>{opts}</select></label> "
 
-    form = ("<form method='get' action='/trajectories' id='filters'>" + select("run", [r[0] for r in view.runs()], f.run)
-            + select("kind", view.kinds(), f.kind) + select("outcome", ["success", "failure"], f.outcome)
-            + select("status", list(STATUSES), f.status)
-            + f"<label>iteration <input name='iteration' size='4' value='{html.escape(f.iteration)}'></label> "
-            f"<label>task <input name='task' size='14' value='{html.escape(f.task)}'></label> "
-            f"<input type='hidden' name='sort' value='{f.sort}'><input type='hidden' name='order' value='{f.order}'>"
+    form = ("<form method='get' action='/trajectories' id='filters'>" + select("run", [str(r[0]) for r in view.store.runs()], q.run)
+            + select("kind", view.store.kinds(), q.kind) + select("outcome", ["success", "failure"], q.outcome)
+            + select("status", list(STATUSES), q.status)
+            + f"<label>iteration <input name='iteration' size='4' value='{html.escape(q.iteration)}'></label> "
+            f"<label>task <input name='task' size='14' value='{html.escape(q.task)}'></label> "
+            f"<input type='hidden' name='sort' value='{q.sort}'><input type='hidden' name='order' value='{q.order}'>"
             "<button type='submit'>Filter</button></form>")
-    base = {k: getattr(f, k) for k in ("run", "kind", "outcome", "status", "iteration", "task", "group")}
+    base = {k: getattr(q, k) for k in ("run", "kind", "outcome", "status", "iteration", "task", "group")}
 
     def header(label: str, key: str | None) -> str:
         if key is None:
             return f"<th>{label}</th>"
-        order = "asc" if f.sort == key and f.order == "desc" else "desc"
-        mark = (" ▼" if f.order == "desc" else " ▲") if f.sort == key else ""
+        order = "asc" if q.sort == key and q.order == "desc" else "desc"
+        mark = (" ▼" if q.order == "desc" else " ▲") if q.sort == key else ""
         return f"<th><a href='{link('/trajectories', **base, sort=key, order=order)}'>{label}{mark}</a></th>"
 
     heads = "".join(header(label, key) for label, key in (
         ("run", None), ("iteration", "iteration"), ("task", "task"), ("kind", None), ("group", None),
         ("status", "status"), ("end", None), ("reward", "reward"), ("steps", None), ("adapter", None)))
     rows = []
-    for t in items:
-        cls = "bad" if t["status"] != "complete" or (t["reward"] or 0) < 1 else ""
-        group = (f"<a href='{link('/group/', t['group'])}'>{html.escape(t['group'][-24:])}</a>" if t["group"] else "–")
-        rows.append(f"<tr class='{cls}' data-id='{esc(t['id'])}'><td>{html.escape(str(t['run']))}</td><td>{fmt(t['iteration'])}"
-                    f"</td><td><a href='{link('/trajectory/', t['id'])}'>{html.escape(str(t['task']))}</a></td>"
-                    f"<td>{fmt(t['kind'])}</td><td>{group}</td><td>{fmt(t['status'])}</td><td>{fmt(t['end_reason'])}"
-                    f"{' (excluded)' if t['excluded'] else ''}</td><td>{fmt(t['reward'])}</td><td>{t['steps']}</td>"
-                    f"<td>{fmt(t['adapter'])}</td></tr>")
+    for row in items:
+        t = row.trajectory
+        cls = "bad" if t.status != "complete" or (t.reward or 0) < 1 else ""
+        group = (f"<a href='{link('/group/', t.group_id)}'>{html.escape(t.group_id[-24:])}</a>" if t.group_id else "–")
+        rows.append(f"<tr class='{cls}' data-id='{esc(t.id)}'><td>{html.escape(str(t.run_id))}</td><td>{fmt(row.iteration)}"
+                    f"</td><td><a href='{link('/trajectory/', t.id)}'>{html.escape(str(t.task_id))}</a></td>"
+                    f"<td>{fmt(row.kind)}</td><td>{group}</td><td>{fmt(t.status)}</td><td>{fmt(t.end_reason)}"
+                    f"{' (excluded)' if t.excluded else ''}</td><td>{fmt(t.reward)}</td><td>{row.steps}</td>"
+                    f"<td>{fmt(row.adapter)}</td></tr>")
     pages = max(1, -(-total // PER_PAGE))
     nav = []
     if f.page > 1:
-        nav.append(f"<a href='{link('/trajectories', **base, sort=f.sort, order=f.order, page=f.page - 1)}'>« previous</a>")
+        nav.append(f"<a href='{link('/trajectories', **base, sort=q.sort, order=q.order, page=f.page - 1)}'>« previous</a>")
     if f.page < pages:
-        nav.append(f"<a href='{link('/trajectories', **base, sort=f.sort, order=f.order, page=f.page + 1)}'>next »</a>")
+        nav.append(f"<a href='{link('/trajectories', **base, sort=q.sort, order=q.order, page=f.page + 1)}'>next »</a>")
     body = (f"{form}<p id='total'>{total} trajectories; page {f.page} of {pages}</p>"
             f"<table id='trajectories'><tr>{heads}</tr>{''.join(rows)}</table><p>{' '.join(nav)}</p>")
     return layout("Trajectories", body)
@@ -151,6 +153,11 @@ def _message(m: dict) -> str:
     return f"<div class='msg {html.escape(role)}'><b>{html.escape(role)}</b>: {html.escape(text + calls)}</div>"
 
 
+def _reply(action: Action) -> str:
+    return _message({"role": "assistant", "content": action.content,
+                     "tool_calls": [c.to_openai() for c in action.tool_calls]})
+
+
 def _background(colouring: str, logprob: float | None, trained: bool, advantage: float | None, scale: float) -> str:
     if colouring == "trained":
         return "#bbdefb" if trained else "#e0e0e0"
@@ -164,9 +171,8 @@ def _background(colouring: str, logprob: float | None, trained: bool, advantage:
 
 
 def token_view(view: RunView, step: Step, colouring: str, scale: float) -> str:
-    data = step.data
-    completion = data.get("completion_token_ids") or []
-    logprobs = data.get("completion_logprobs") or []
+    completion = step.transition.completion_token_ids
+    logprobs = step.transition.completion_logprobs
     spans = []
     for text in view.token_texts(step.new_prompt_ids):
         spans.append(f"<span class='tok obs' data-trained='0' title='prompt / observation token: not trained'>"
@@ -193,39 +199,38 @@ def trajectory(view: RunView, trajectory_id: str, colouring: str = "logprob") ->
               "trained": "<span style='background:#bbdefb'>trained</span><span style='background:#e0e0e0'>not trained</span>",
               "advantage": "<span style='background:rgba(46,125,50,.8)'>positive</span><span style='background:"
                            "rgba(198,40,40,.8)'>negative</span><span style='background:#e0e0e0'>not trained</span>"}
-    group = (f"<a href='{link('/group/', info['group'])}'>{html.escape(info['group'])}</a>" if info["group"] else "–")
-    head = (f"<table><tr><th>task</th><td>{html.escape(str(info['task']))}</td><th>run</th><td>{html.escape(str(info['run']))}"
-            f"</td></tr><tr><th>status</th><td>{fmt(info['status'])} ({fmt(info['end_reason'])}{': ' + html.escape(info['end_detail']) if info['end_detail'] else ''})"
-            f"</td><th>reward</th><td id='reward'>{fmt(info['reward'])}</td></tr><tr><th>group</th><td>{group}</td>"
-            f"<th>metadata</th><td>{html.escape(json.dumps(info['metadata']))}</td></tr>"
-            f"{'<tr><th>excluded</th><td colspan=3>' + html.escape(info['excluded']) + '</td></tr>' if info['excluded'] else ''}"
+    group = (f"<a href='{link('/group/', info.group_id)}'>{html.escape(info.group_id)}</a>" if info.group_id else "–")
+    head = (f"<table><tr><th>task</th><td>{html.escape(str(info.task_id))}</td><th>run</th><td>{html.escape(str(info.run_id))}"
+            f"</td></tr><tr><th>status</th><td>{fmt(info.status)} ({fmt(info.end_reason)}{': ' + html.escape(info.end_detail) if info.end_detail else ''})"
+            f"</td><th>reward</th><td id='reward'>{fmt(info.reward)}</td></tr><tr><th>group</th><td>{group}</td>"
+            f"<th>metadata</th><td>{html.escape(json.dumps(info.metadata))}</td></tr>"
+            f"{'<tr><th>excluded</th><td colspan=3>' + html.escape(info.excluded) + '</td></tr>' if info.excluded else ''}"
             f"</table><p>colour tokens by: {modes} <span class='legend'>{legend[colouring]}</span></p>")
     sections, seen = [], 0
     for step in steps:
-        obs = step.data.get("observation") or {}
-        messages = obs.get("messages") or []
+        t = step.transition
+        messages = t.observation.messages
         new = messages[seen:] if seen <= len(messages) else messages
         seen = len(messages)
-        action = step.data.get("action") or {}
-        results = (step.data.get("info") or {}).get("tool_results") or {}
+        results = t.info.get("tool_results") or {}
         result_rows = "".join(
             f"<tr><td>{html.escape(str(r.get('name')))}</td><td class='{'good' if r.get('status') == 'success' else 'bad'}'>"
             f"{fmt(r.get('status'))}</td><td>{fmt(r.get('latency_s'))} s</td><td>{html.escape(str(r.get('error') or ''))}"
             f"</td><td>{html.escape(str(r.get('content'))[:500])}</td></tr>" for r in results.values())
-        tools = json.dumps(obs.get("tools") or [], indent=1, ensure_ascii=False)
+        tools = json.dumps(t.observation.tools or [], indent=1, ensure_ascii=False)
         credit = (f"iteration {step.iteration}, advantage <b class='advantage'>{fmt(step.advantage, 4)}</b>, "
-                  f"{step.trained_tokens} of {len(step.data.get('completion_token_ids') or [])} completion tokens trained"
+                  f"{step.trained_tokens} of {len(t.completion_token_ids)} completion tokens trained"
                   if step.iteration is not None else "not used by a trainer (no credit recorded)")
         sections.append(
             f"<section class='step' id='step-{step.index}' data-step='{step.index}' "
             f"data-advantage='{step.advantage if step.advantage is not None else ''}' "
-            f"data-trained-tokens='{step.trained_tokens}'><h2>step {step.index} · adapter {fmt(step.data.get('adapter'))}"
-            f" · reward {fmt(step.data.get('reward'))}{' · terminated' if step.data.get('terminated') else ''}"
-            f"{' · truncated' if step.data.get('truncated') else ''}</h2><p>{credit}</p>"
-            f"<details><summary>what the model saw: {len(messages)} messages, {len(obs.get('tools') or [])} tools "
+            f"data-trained-tokens='{step.trained_tokens}'><h2>step {step.index} · adapter {fmt(t.adapter)}"
+            f" · reward {fmt(t.reward)}{' · terminated' if t.terminated else ''}"
+            f"{' · truncated' if t.truncated else ''}</h2><p>{credit}</p>"
+            f"<details><summary>what the model saw: {len(messages)} messages, {len(t.observation.tools or [])} tools "
             f"({len(new)} new)</summary>{''.join(_message(m) for m in messages)}<pre>{html.escape(tools)}</pre></details>"
             f"{''.join(_message(m) for m in new)}"
-            f"<h3>reply</h3>{_message({'role': 'assistant', 'content': action.get('content'), 'tool_calls': action.get('tool_calls')})}"
+            f"<h3>reply</h3>{_reply(t.action)}"
             + (f"<table class='results'><tr><th>tool</th><th>status</th><th>latency</th><th>error</th><th>result</th></tr>"
                f"{result_rows}</table>" if result_rows else "")
             + f"<h3>tokens</h3>{token_view(view, step, colouring, scale)}</section>")
@@ -240,16 +245,15 @@ def group(view: RunView, group_id: str) -> str:
     for info, steps in rollouts:
         cells = []
         for step in steps:
-            action = step.data.get("action") or {}
-            calls = "; ".join(f"{c.get('function', {}).get('name')}({c.get('function', {}).get('arguments')})"
-                              for c in action.get("tool_calls") or [])
+            action = step.transition.action
+            calls = "; ".join(f"{c.name}({c.arguments})" for c in action.tool_calls)
             cls = "step diverged" if step.index == split else "step"
             cells.append(f"<div class='{cls}' data-step='{step.index}'><b>step {step.index}</b> · advantage "
-                         f"<span class='advantage'>{fmt(step.advantage, 4)}</span> · reward {fmt(step.data.get('reward'))}"
-                         f"<div class='msg assistant'>{html.escape((action.get('content') or '') + (' ' + calls if calls else ''))}"
+                         f"<span class='advantage'>{fmt(step.advantage, 4)}</span> · reward {fmt(step.transition.reward)}"
+                         f"<div class='msg assistant'>{html.escape(action.content + (' ' + calls if calls else ''))}"
                          "</div></div>")
-        columns.append(f"<div class='rollout' data-id='{esc(info['id'])}'><h2><a href='{link('/trajectory/', info['id'])}'>"
-                       f"{esc(info['id'][:10])}</a> · return {fmt(info['reward'])} · {fmt(info['status'])}</h2>{''.join(cells)}</div>")
+        columns.append(f"<div class='rollout' data-id='{esc(info.id)}'><h2><a href='{link('/trajectory/', info.id)}'>"
+                       f"{esc(info.id[:10])}</a> · return {fmt(info.reward)} · {fmt(info.status)}</h2>{''.join(cells)}</div>")
     note = (f"<p id='divergence'>The rollouts first differ at step {split} (highlighted).</p>" if split is not None
             else "<p id='divergence'>The rollouts acted identically throughout.</p>")
     return layout(f"Group {group_id}", note + f"<div class='cols'>{''.join(columns)}</div>")
@@ -260,24 +264,24 @@ def _transcript(view: RunView, trajectory_id: str) -> list[str]:
     _, steps = view.trajectory(trajectory_id)
     lines = []
     for step in steps:
-        action = step.data.get("action") or {}
-        for c in action.get("tool_calls") or []:
-            lines.append(f"step {step.index}: call {c.get('function', {}).get('name')}({c.get('function', {}).get('arguments')})")
-        for r in ((step.data.get("info") or {}).get("tool_results") or {}).values():
+        action = step.transition.action
+        for c in action.tool_calls:
+            lines.append(f"step {step.index}: call {c.name}({c.arguments})")
+        for r in (step.transition.info.get("tool_results") or {}).values():
             lines.append(f"step {step.index}: result {str(r.get('content'))[:200]}")
-        if action.get("content"):
-            lines.append(f"step {step.index}: says {action['content']}")
+        if action.content:
+            lines.append(f"step {step.index}: says {action.content}")
     return lines
 
 
 def compare(view: RunView, task: str = "", a: str = "", b: str = "") -> str:
-    tasks = view.evaluated_tasks()
+    tasks = view.store.evaluated_tasks()
     options = "".join(f"<option{' selected' if t == task else ''}>{html.escape(t)}</option>" for t in tasks)
     form = (f"<form method='get' action='/compare'><label>held-out task <select name='task'>{options}</select></label> "
             "<button type='submit'>Show</button></form>")
     if not task:
         return layout("Compare adapter versions", form + "<p>Pick a task answered in more than one evaluation.</p>")
-    answers = view.answers_to(task)
+    answers = view.store.attempts(task)
     rows = "".join(f"<tr><td>{html.escape(run)}</td><td>{fmt(adapter)}</td><td>{fmt(reward)}</td><td>"
                    f"<a href='{link('/trajectory/', tid)}'>{esc(tid[:10])}</a></td></tr>" for tid, run, adapter, reward in answers)
     ids = [t[0] for t in answers]

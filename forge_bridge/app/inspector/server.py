@@ -1,20 +1,25 @@
-"""`forge-bridge inspect`: the pages served on 127.0.0.1 by the standard library's threading
-HTTP server, one read-only store connection per request."""
+"""`forge-bridge inspect`: the pages served on 127.0.0.1 by Starlette and uvicorn, the gateway's
+stack (`serving.background`), over one read-only store."""
 
 from __future__ import annotations
 
 import html
-import threading
 import traceback
-import urllib.parse
 import warnings
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from forge_bridge.app.inspector import pages
 from forge_bridge.app.inspector.data import Filters, RunView
 from forge_bridge.core.errors import ForgeBridgeError, InvalidState, NotFound
+from forge_bridge.serving.background import BackgroundServer
+
+HEADERS = {
+    # the pages run no script and load nothing: a text that slipped through cannot either
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; "
+                               "form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+}
 
 
 def route(view: RunView, path: str, query: dict[str, str]) -> tuple[int, str]:
@@ -43,71 +48,57 @@ class Inspector:
     def __init__(self, folder: str | Path | None = None, *, store: str | Path | None = None,
                  host: str = "127.0.0.1", port: int = 0) -> None:
         self.view = RunView(folder, store=store)
-        view, inspector = self.view, self
         if host not in ("127.0.0.1", "localhost", "::1"):
             warnings.warn(f"inspect: serving on {host}, not loopback: anyone who can reach it reads every "
                           "trajectory of this run (there is no login)", RuntimeWarning, stacklevel=2)
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                url = urllib.parse.urlsplit(self.path)
-                if not inspector.host_allowed(self.headers.get("Host", "")):
-                    # another site's page, its name rebound to 127.0.0.1, would read the run: refuse
-                    status, page = 421, pages.layout("Refused", "<p>Unknown Host header.</p>")
-                else:
-                    try:
-                        status, page = route(view, urllib.parse.unquote(url.path),
-                                             dict(urllib.parse.parse_qsl(url.query)))
-                    except Exception:  # a page bug: show it, keep serving
-                        status, page = 500, pages.layout("Error", f"<pre>{html.escape(traceback.format_exc())}</pre>")
-                body = page.encode("utf-8")
-                self.send_response(status)
-                self.send_header("Content-Type", "text/html; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                # the pages run no script and load nothing: a text that slipped through cannot either
-                self.send_header("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; "
-                                 "img-src 'self'; form-action 'self'; frame-ancestors 'none'")
-                self.send_header("X-Content-Type-Options", "nosniff")
-                self.end_headers()
-                self.wfile.write(body)
-
-        self._server: ThreadingHTTPServer | None = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
         self.host = host
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True, name="inspector")
-        self._thread.start()
+        self._server: BackgroundServer | None = BackgroundServer(self._app(), host, port, name="inspector")
+        self._server.start()
+
+    def _app(self) -> Any:
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import HTMLResponse
+        from starlette.routing import Route
+
+        def page(request: Request) -> HTMLResponse:  # sync: Starlette runs it on its thread pool
+            if not self.host_allowed(request.headers.get("host", "")):
+                # another site's page, its name rebound to 127.0.0.1, would read the run: refuse
+                status, body = 421, pages.layout("Refused", "<p>Unknown Host header.</p>")
+            else:
+                try:
+                    status, body = route(self.view, request.scope["path"], dict(request.query_params))
+                except Exception:  # a page bug: show it, keep serving
+                    status, body = 500, pages.layout("Error", f"<pre>{html.escape(traceback.format_exc())}</pre>")
+            return HTMLResponse(body, status_code=status, headers=HEADERS)
+
+        return Starlette(routes=[Route("/{path:path}", page, methods=["GET"])])
 
     def host_allowed(self, header: str) -> bool:
         """The Host a browser sends must name this server: loopback (or the address it was
         bound to) and its port. Anything else is a DNS-rebinding page and is refused."""
         if self._server is None:
             return False
-        port = self._server.server_address[1]
+        port = self._server.port
         return header in {f"{name}:{port}" for name in ("127.0.0.1", "localhost", "[::1]", self.host)}
 
     @property
     def url(self) -> str:
         if self._server is None:
             raise InvalidState("the inspector is closed")
-        return f"http://{self.host}:{self._server.server_address[1]}"
+        return f"http://{self.host}:{self._server.port}"
 
     def serve_forever(self) -> None:
         """Block until interrupted (the command line's way)."""
-        try:
-            self._thread.join()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            self.close()
+        if self._server is not None:
+            self._server.wait()
+        self.close()
 
     def close(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
             self._server = None
+            self.view.close()
 
     def __enter__(self) -> "Inspector":
         return self

@@ -8,7 +8,7 @@
   combined population of Varenna and Kelmor?" -- two lookups, then `add`: three tool calls.
 - `BRIDGE_KINDS`, demonstrated only, never evaluated (`bridge_tasks`): two calls each, to find
   out which piece of `lookup_multiply` a warm start must have seen before pass/fail RL can
-  find the rest (docs/demo-experiments.md). `multiply_chain`, "What is 4821 times 37 times 5?"
+  find the rest (docs/experiments/demo.md). `multiply_chain`, "What is 4821 times 37 times 5?"
   (the second multiply on the first's result); `lookup_max`, "Which is larger, the population of
   Sallow or of Juniper Bay?" (two lookups); `lookup_and_multiply`, "What is the population of
   Lindmoor, and what is 7968 times 22?" (a lookup, then a multiply on the question's numbers:
@@ -132,7 +132,7 @@ def make_splits(train_per_kind: int = 24, eval_per_kind: int = 10, seed: int = 0
                 kinds: tuple[str, ...] = KINDS) -> tuple[list[Task], list[Task]]:
     """(train, evaluation) task lists; evaluation cities never appear in training questions. The
     demo chose its settings on this evaluation split, so it calls it validation and reports
-    `held_out_tasks`; `bench/credit.py` reports it as its held-out split (docs/credit.md says
+    `held_out_tasks`; `bench/credit.py` reports it as its held-out split (docs/experiments/credit.md says
     which of its choices followed a first run on it)."""
     rng = random.Random(seed)
     train_cities, eval_cities = _split_cities(rng)

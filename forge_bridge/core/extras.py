@@ -1,0 +1,36 @@
+"""The optional integrations (extras, as langchain-core has them): the core installs without
+LangChain, CrewAI, Ray, Playwright, matplotlib or pyarrow, and a module that needs one of them
+imports it through `require`, which names the `pip install` that brings it."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from forge_bridge.core.errors import InvalidArgument, MissingExtra
+
+EXTRAS = {
+    "langchain": "the LangChain integration (forge_bridge.adapters.langchain) and the demo",
+    "crewai": "the CrewAI integration (forge_bridge.adapters.crewai)",
+    "ray": "rollouts and policies on Ray workers (forge_bridge.scale)",
+    "browser": "the browser environment (Playwright driving the system's Chromium)",
+    "plot": "the reward-curve pictures (matplotlib)",
+    "parquet": "Parquet export (pyarrow)",
+}
+"""Each extra and what it enables; `[all]` installs every one."""
+
+
+def require(module: str, extra: str) -> ModuleType:
+    """Import `module`, or raise `MissingExtra` naming the extra that installs it."""
+    if extra not in EXTRAS:
+        raise InvalidArgument(f"no extra {extra!r}; the extras are {', '.join(EXTRAS)}")
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if exc.name is not None and not module.startswith(exc.name.split(".")[0]):
+            raise  # the package is there and broken: its own error says more
+        raise MissingExtra(f"{module} is not installed; {EXTRAS[extra]} needs it: "
+                           f"pip install 'forge-bridge[{extra}]'") from None
+
+
+__all__ = ["EXTRAS", "require"]

@@ -1,0 +1,176 @@
+"""Every schema migration, of the SQLite store and of the JSON layout, in one place.
+
+The store keeps one version number, `meta.schema_version`, the same number as the JSON layout's
+`schema_version`. A store or a JSON trajectory of an older version is brought to `SCHEMA_VERSION`
+one step at a time, each step in one transaction (a crash leaves the store at the version before
+the step, to be migrated again). What each version changed:
+
+- 1 -> 2: the end reason, the role and truncation moved from `metadata` keys to typed columns;
+  a step's `truncated` had meant "hit max_tokens" (kept as its finish reason) and now is
+  Gymnasium's flag, set on the last step from how the episode ended.
+- 2 -> 3: steps record the policy slot that served them (`Transition.slot`; None before).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Callable
+
+SCHEMA_VERSION = 3
+"""Version of the store's tables and of the JSON layout `Trajectory.to_dict` writes."""
+
+DDL = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS trajectories (
+    id TEXT PRIMARY KEY,
+    run_id TEXT, task_id TEXT, group_id TEXT,
+    status TEXT NOT NULL,
+    reward REAL,
+    metadata TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    end_reason TEXT, end_detail TEXT, role TEXT, excluded TEXT
+);
+CREATE TABLE IF NOT EXISTS transitions (
+    trajectory_id TEXT NOT NULL REFERENCES trajectories(id),
+    step INTEGER NOT NULL,
+    adapter TEXT,
+    data TEXT NOT NULL,
+    PRIMARY KEY (trajectory_id, step)
+);
+CREATE TABLE IF NOT EXISTS credit (
+    trajectory_id TEXT NOT NULL REFERENCES trajectories(id),
+    step INTEGER NOT NULL,
+    iteration INTEGER NOT NULL,
+    advantage REAL,
+    trained_tokens INTEGER NOT NULL,
+    PRIMARY KEY (trajectory_id, step)
+);
+CREATE INDEX IF NOT EXISTS trajectories_run ON trajectories(run_id, status);
+CREATE INDEX IF NOT EXISTS trajectories_created ON trajectories(created_at);
+CREATE INDEX IF NOT EXISTS trajectories_task ON trajectories(task_id);
+CREATE INDEX IF NOT EXISTS trajectories_group ON trajectories(group_id);
+CREATE INDEX IF NOT EXISTS transitions_adapter ON transitions(adapter);
+"""
+"""The current tables (`IF NOT EXISTS`: run on every open, it adds what an older store lacks)."""
+
+_OUTAGE_ERRORS = ("PolicyError", "PolicyUnavailable", "PolicyResponseError")
+_V1_COLUMNS = ("end_reason", "end_detail", "role", "excluded")
+
+
+# --------------------------------------------------------------------------- JSON, 1 -> 2
+def v1_head(status: str, metadata: dict) -> dict:
+    """A version-1 trajectory's typed fields, from the metadata keys version 1 kept them in."""
+    metadata = dict(metadata)
+    role = metadata.pop("role", None)
+    fault = metadata.pop("policy_fault", None)
+    truncated = metadata.pop("truncated", None)
+    errors = metadata.pop("errors", None) or []
+    error = metadata.pop("error", None)
+    end, detail = {"complete": ("terminated", None), "incomplete": (None, None),
+                   "truncated": ("truncated", truncated), "failed": ("crashed", None)}[status]
+    if status == "failed":
+        detail = str(error if error is not None else (errors[0] if errors else "failed"))
+        end = ("policy_fault" if fault else
+               "outage" if detail.split(":")[0].strip() in _OUTAGE_ERRORS else "crashed")
+    if errors and status != "failed":
+        metadata["errors"] = errors
+    return {"end_reason": end, "end_detail": None if detail is None else str(detail),
+            "role": None if role is None else str(role), "metadata": metadata}
+
+
+def v1_steps(steps: list[dict], end_reason: str | None) -> list[dict]:
+    """Version-1 steps: `truncated` meant "hit max_tokens" (kept as the finish reason); the last
+    step gets Gymnasium's flags from how the episode ended."""
+    steps = [{**s, "truncated": False, "terminated": False} for s in steps]
+    if steps and end_reason in ("terminated", "policy_fault"):
+        steps[-1]["terminated"] = True
+    elif steps and end_reason == "truncated":
+        steps[-1]["truncated"] = True
+    return steps
+
+
+def _json_1_to_2(data: dict) -> dict:
+    head = v1_head(data.get("status", "incomplete"), data.get("metadata") or {})
+    steps = data.get("transitions") or []
+    if isinstance(steps, list) and all(isinstance(s, dict) for s in steps):
+        steps = v1_steps(steps, head["end_reason"])
+    return {**data, **head, "transitions": steps}
+
+
+def _json_2_to_3(data: dict) -> dict:
+    return data  # a step without `slot` reads as None
+
+
+_JSON_STEPS: dict[int, Callable[[dict], dict]] = {1: _json_1_to_2, 2: _json_2_to_3}
+
+
+def migrate_json(data: dict) -> dict:
+    """A trajectory dict of any readable version in the current layout; an unknown version is
+    returned unchanged (the caller names it)."""
+    version = data.get("schema_version")
+    while version in _JSON_STEPS:
+        data = {**_JSON_STEPS[version](data), "schema_version": version + 1}
+        version += 1
+    return data
+
+
+# --------------------------------------------------------------------------- the store
+def _store_1_to_2(db: sqlite3.Connection) -> None:
+    have = {r[1] for r in db.execute("PRAGMA table_info(trajectories)")}
+    for column in _V1_COLUMNS:
+        if column not in have:
+            db.execute(f"ALTER TABLE trajectories ADD COLUMN {column} TEXT")
+    for tid, status, metadata in db.execute("SELECT id, status, metadata FROM trajectories").fetchall():
+        head = v1_head(status, json.loads(metadata))
+        db.execute("UPDATE trajectories SET end_reason = ?, end_detail = ?, role = ?, metadata = ? WHERE id = ?",
+                   (head["end_reason"], head["end_detail"], head["role"], json.dumps(head["metadata"]), tid))
+        steps = db.execute("SELECT step, data FROM transitions WHERE trajectory_id = ? ORDER BY step",
+                           (tid,)).fetchall()
+        for (step, _), data in zip(steps, v1_steps([json.loads(d) for _, d in steps], head["end_reason"])):
+            db.execute("UPDATE transitions SET data = ? WHERE trajectory_id = ? AND step = ?",
+                       (json.dumps(data), tid, step))
+
+
+def _store_2_to_3(db: sqlite3.Connection) -> None:
+    """Nothing to rewrite: stored steps without `slot` read as None."""
+
+
+_STORE_STEPS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _store_1_to_2, 2: _store_2_to_3}
+
+
+def stored_version(db: sqlite3.Connection) -> int | None:
+    """The store's schema version (None: a new, empty file)."""
+    if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone():
+        return None
+    row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    return None if row is None else int(row[0])
+
+
+def migrate_store(db: sqlite3.Connection, version: int) -> None:
+    """Bring a store of `version` to SCHEMA_VERSION, one transaction per step (autocommit
+    connection); the tables of DDL must exist already."""
+    while version in _STORE_STEPS:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            _STORE_STEPS[version](db)
+            db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version + 1),))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        version += 1
+
+
+READABLE_AS_IS = (2, 3)
+"""Versions whose rows read as the current ones without rewriting (a read-only store opens them)."""
+
+
+def readable(version: int | None) -> bool:
+    """Whether this forge-bridge reads a store or JSON of that version (migrating it)."""
+    return version == SCHEMA_VERSION or version in _STORE_STEPS
+
+
+__all__ = ["DDL", "READABLE_AS_IS", "SCHEMA_VERSION", "migrate_json", "migrate_store", "readable", "stored_version", "v1_head",
+           "v1_steps"]

@@ -1,0 +1,175 @@
+"""The gateway's HTTP surface (Starlette): routes, bearer-token auth, body limits, request checks,
+and OpenAI-style JSON errors. `Gateway` (serving/gateway.py) holds what the routes call."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+from forge_bridge.core.errors import EpisodeClosed, ForgeBridgeError, NotFound, PolicyError, SchemaError
+
+if TYPE_CHECKING:
+    from forge_bridge.serving.gateway import Gateway
+
+MAX_BODY = 16 * 1024 * 1024
+"""Largest request body accepted by default (bytes); larger ones get 413."""
+EPISODE_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+_SAMPLING = {"temperature": (int, float), "top_p": (int, float), "max_tokens": int,
+             "max_completion_tokens": int, "seed": int}
+
+
+class RequestRefused(ForgeBridgeError):
+    """A request refused with this status (turned into an OpenAI-style error response)."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+def check_request(body: Any) -> None:
+    """A chat-completion request's shape, field by field (a 400 names the field)."""
+    if not isinstance(body, dict):
+        raise RequestRefused(400, "the body must be a JSON object")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestRefused(400, "messages: expected a non-empty list of message objects")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise RequestRefused(400, f"messages[{i}]: expected an object with a string 'role'")
+    if body.get("tools") is not None and not (isinstance(body["tools"], list)
+                                              and all(isinstance(t, dict) for t in body["tools"])):
+        raise RequestRefused(400, "tools: expected a list of tool objects")
+    for name, kinds in _SAMPLING.items():
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+            raise RequestRefused(400, f"{name}: expected a number, got {value!r}")
+    if body.get("n", 1) != 1:
+        raise RequestRefused(400, "n: only n=1 is supported (one recorded step per call)")
+    for name in ("model",):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise RequestRefused(400, f"{name}: expected a string")
+    if not isinstance(body.get("stream", False), bool):
+        raise RequestRefused(400, "stream: expected true or false")
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error") -> Any:
+    """An OpenAI-style JSON error response."""
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status)
+
+
+def authorize(gateway: "Gateway", request: Any) -> None:
+    """Refuse (401) a request without the gateway's bearer token, when it has one."""
+    if gateway.token is None:
+        return
+    given = request.headers.get("authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {gateway.token}".encode()):
+        raise RequestRefused(401, "missing or wrong bearer token", "authentication_error")
+
+
+async def read_json(gateway: "Gateway", request: Any) -> Any:
+    """The request's JSON body, refused (413) past `max_body_bytes` before it is all read."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > gateway.max_body_bytes:
+        raise RequestRefused(413, f"request body over {gateway.max_body_bytes} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > gateway.max_body_bytes:
+            raise RequestRefused(413, f"request body over {gateway.max_body_bytes} bytes")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks) or b"{}")
+    except ValueError as exc:
+        raise RequestRefused(400, f"invalid JSON body: {exc}") from None
+
+
+def episode_of(request: Any) -> str | None:
+    """The episode a request names, by its URL or the X-Forge-Episode header (None: none)."""
+    episode_id = request.path_params.get("episode_id") or request.headers.get("x-forge-episode")
+    if episode_id is not None and not EPISODE_ID.match(episode_id):
+        raise RequestRefused(400, "episode id: expected 1-128 letters, digits, '.', '_' or '-'")
+    return episode_id
+
+
+def handled(endpoint):
+    """The endpoint with forge-bridge's errors turned into their HTTP statuses."""
+    async def run(request: Any):
+        try:
+            return await endpoint(request)
+        except RequestRefused as exc:
+            return error(exc.status, str(exc), exc.kind)
+        except NotFound as exc:
+            return error(404, f"no open episode {exc}")
+        except EpisodeClosed as exc:
+            return error(409, str(exc))
+        except PolicyError as exc:
+            return error(502, f"the policy failed: {exc}", "policy_error")
+        except (ValueError, TypeError, SchemaError) as exc:
+            return error(400, str(exc))
+    return run
+
+
+def build_app(gateway: "Gateway") -> Any:
+    """The gateway's Starlette app."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    async def health(request: Request):
+        return JSONResponse({"status": "ok"})
+
+    @handled
+    async def models(request: Request):
+        authorize(gateway, request)
+        names = [gateway.model_name] + [v for v in gateway.policy.versions() if v]
+        return JSONResponse({"object": "list", "data": [
+            {"id": n, "object": "model", "owned_by": "forge-bridge"} for n in names]})
+
+    @handled
+    async def chat(request: Request):
+        authorize(gateway, request)
+        body = await read_json(gateway, request)
+        check_request(body)
+        completion = await gateway.complete(body, episode_of(request), request.headers)
+        if not body.get("stream"):
+            return JSONResponse(completion)
+
+        async def events():
+            for chunk in gateway.chunks(completion):
+                yield f"data: {json.dumps(chunk)}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    @handled
+    async def finish(request: Request):
+        authorize(gateway, request)
+        body = await read_json(gateway, request)
+        if not isinstance(body, dict):
+            raise RequestRefused(400, "the body must be a JSON object")
+        return JSONResponse(gateway.finish(episode_of(request), body.get("reward"), body.get("status"),
+                                           body.get("error")))
+
+    async def not_found(request: Request, exc: HTTPException):
+        if exc.status_code == 405:
+            return error(405, f"{request.method} is not allowed on {request.url.path}")
+        return error(exc.status_code, f"no route {request.method} {request.url.path}")
+
+    episode = "/episodes/{episode_id:str}"
+    routes = [Route("/health", health, methods=["GET"]),
+              Route("/v1/models", models, methods=["GET"]),
+              Route(f"{episode}/v1/models", models, methods=["GET"]),
+              Route("/v1/chat/completions", chat, methods=["POST"]),
+              Route(f"{episode}/v1/chat/completions", chat, methods=["POST"]),
+              Route(f"{episode}/finish", finish, methods=["POST"])]
+    return Starlette(routes=routes, exception_handlers={HTTPException: not_found})
+
+
+__all__ = ["MAX_BODY", "RequestRefused", "build_app", "check_request"]
