@@ -110,7 +110,11 @@ class RunView:
     def trajectory(self, trajectory_id: str) -> tuple[Trajectory, list[Step]]:
         """The trajectory and its steps, each with its credit and the prompt tokens it added."""
         traj = self.store.get(trajectory_id)
-        credit = self.store.credit(trajectory_id)
+        return traj, self.steps(traj)
+
+    def steps(self, traj: Trajectory) -> list[Step]:
+        """A trajectory's steps, each with its credit and the prompt tokens it added."""
+        credit = self.store.credit(traj.id)
         steps, previous = [], []
         for index, transition in enumerate(traj.transitions):
             step = Step(index, transition)
@@ -124,13 +128,13 @@ class RunView:
             step.new_prompt_ids = prompt[shared:]
             previous = prompt + transition.completion_token_ids
             steps.append(step)
-        return traj, steps
+        return steps
 
     def group(self, group_id: str) -> list[tuple[Trajectory, list[Step]]]:
-        ids = [t.id for t in self.store.iter(group_id=group_id)]
-        if not ids:
+        trajectories = list(self.store.iter(group_id=group_id))  # each read once
+        if not trajectories:
             raise NotFound(f"no group {group_id!r} in {self.store_path}")
-        return [self.trajectory(i) for i in ids]
+        return [(t, self.steps(t)) for t in trajectories]
 
     # ------------------------------------------------------------------ tokens
     def tokenizer_path(self) -> Path | None:
