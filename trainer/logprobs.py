@@ -1,8 +1,10 @@
 """Log-probabilities of the taken tokens under the model being trained.
 
 The decoder body runs over the whole sequence, but `lm_head` and the log-softmax only at the
-positions that are trained on: with a 49k vocabulary, the full [B, T, V] logits tensor would
-dominate the update's time and memory.
+positions that are trained on, and a chunk of positions at a time (`sampled_logprobs`): with a
+49k vocabulary, a full [B, T, V] (or even [N, V]) float32 logits tensor, and the log-softmax
+autograd keeps of it, would dominate the update's memory (19.6 GB at microbatch 8, seen by a
+user; docs/memory.md).
 
 The rows of a batch usually start with the same tokens (the system prompt and tool schemas of
 one agent; the first prompt of one task's rollouts). That shared prefix runs through the body
@@ -39,16 +41,63 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
     hidden = body_hidden(body, input_ids, attention_mask, share_prefix)  # [B, T, H]
     targets = loss_mask[:, 1:].bool()  # [B, T-1]: token p+1 is predicted at position p
     h = hidden[:, :-1][targets]  # [N, H]
-    logits = head(h).float()  # [N, V]
+    taken = input_ids[:, 1:][targets]  # [N]
+    inverse = None
     if temperature is not None:
         rows = targets.nonzero()[:, 0]  # [N]: the sequence each trained position belongs to
-        logits = logits / temperature.to(logits.device)[rows, None]
-    logp_all = torch.log_softmax(logits, dim=-1)
-    taken = input_ids[:, 1:][targets]  # [N]
+        inverse = 1.0 / temperature.to(h.device).float()[rows]  # [N]
+    picked, entropy = sampled_logprobs(head, h, taken, inverse, with_entropy)
     logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-    logp[:, 1:][targets] = logp_all.gather(-1, taken[:, None]).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1).detach() if with_entropy else None
+    logp[:, 1:][targets] = picked
     return logp, hidden, entropy
+
+
+CHUNK_POSITIONS = 256
+"""Trained positions whose [C, V] float32 logits exist at once (a 49k vocabulary: 50 MB)."""
+
+
+def sampled_logprobs(head: Any, h: torch.Tensor, taken: torch.Tensor, inverse_temperature: torch.Tensor | None,
+                     with_entropy: bool = False, chunk: int | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(head(h) * 1/T)[taken] at N positions, `chunk` positions at a time; the full
+    [N, V] float32 logits never exist, in the forward pass or the backward one (each chunk's
+    logits are recomputed from its hidden states when the gradient flows back, as TRL's
+    `selective_log_softmax` avoids the [N, V] log-softmax). `chunk` None: `CHUNK_POSITIONS`.
+
+    h: [N, H], taken: [N], inverse_temperature: [N] or None -> (logp [N], entropy [N] or None,
+    detached)."""
+    from torch.utils.checkpoint import checkpoint
+
+    chunk = chunk or CHUNK_POSITIONS
+    logps, entropies = [], []
+    for start in range(0, h.shape[0], chunk):
+        part = slice(start, start + chunk)
+        scale = None if inverse_temperature is None else inverse_temperature[part]
+        if torch.is_grad_enabled() and h.requires_grad:
+            logps.append(checkpoint(_picked, head, h[part], taken[part], scale, use_reentrant=False))
+        else:
+            logps.append(_picked(head, h[part], taken[part], scale))
+        if with_entropy:
+            with torch.no_grad():
+                logits = _logits(head, h[part], scale)
+                logits = torch.log_softmax(logits, -1)
+                entropies.append(-(logits.exp() * logits).sum(-1))
+    empty = h.new_zeros(0, dtype=torch.float32)
+    logp = torch.cat(logps) if logps else empty
+    entropy = (torch.cat(entropies) if entropies else empty) if with_entropy else None
+    return logp, entropy
+
+
+def _logits(head: Any, h: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """[C, H] -> [C, V] float32 logits, each row times its inverse temperature."""
+    logits = head(h).float()
+    return logits if scale is None else logits * scale[:, None]
+
+
+def _picked(head: Any, h: torch.Tensor, taken: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """log softmax of the chunk's logits at its taken tokens: [C, H], [C] -> [C]."""
+    logits = _logits(head, h, scale)
+    return logits.gather(-1, taken[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
 
 
 MIN_SHARED_PREFIX = 16

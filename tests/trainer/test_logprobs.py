@@ -119,3 +119,48 @@ def test_a_shared_prefix_runs_once_and_gives_the_same_logprobs_and_gradients():
     assert grads_full and all(torch.allclose(grads_shared[n], grads_full[n], atol=1e-5, rtol=1e-4)
                               for n in grads_full)
     assert any(float(g.abs().sum()) > 0 for g in grads_full.values())
+
+
+def test_chunked_logprobs_give_the_same_loss_and_gradients_as_one_full_log_softmax():
+    """The memory change (issue 43): the sampled tokens' log-probabilities a few positions at a
+    time, the logits recomputed in the backward pass, against the [N, V] log-softmax it replaced."""
+    from forge_bridge.trainer import logprobs
+    from forge_bridge.trainer.lora import adapter_parameters, attach_lora
+
+    base, _ = models.tiny(seed=5)
+    model = attach_lora(base, 4, 8, ("q_proj", "v_proj"))
+    for p in adapter_parameters(model, "default"):
+        torch.nn.init.normal_(p, std=0.05)  # a LoRA B of zeros would give zero gradients to A
+    ids = torch.tensor([[5, 9, 13, 7, 2, 11, 0, 0], [4, 8, 15, 16, 23, 42, 3, 6]])
+    attention = torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0], [1] * 8])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 0, 0], [0, 0, 0, 1, 1, 1, 1, 1]], dtype=torch.float32)
+    temps = torch.tensor([0.7, 1.3])
+    weights = torch.linspace(-1, 2, 16).reshape(2, 8)
+    params = adapter_parameters(model, "default")
+
+    def full_reference():
+        logits = model(input_ids=ids, attention_mask=attention).logits.float()
+        logp_all = torch.log_softmax(logits / temps[:, None, None], -1)[:, :-1]
+        picked = logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1) * mask[:, 1:]
+        return (picked * weights[:, 1:]).sum()
+
+    def chunked(chunk):
+        old = logprobs.CHUNK_POSITIONS
+        logprobs.CHUNK_POSITIONS = chunk
+        try:
+            logp, _, _ = logprobs.token_logprobs(model, ids, attention, mask, temperature=temps, share_prefix=False)
+        finally:
+            logprobs.CHUNK_POSITIONS = old
+        return (logp * weights).sum()
+
+    grads = []
+    for loss_of in (full_reference, lambda: chunked(3), lambda: chunked(256)):
+        model.zero_grad(set_to_none=True)
+        loss = loss_of()
+        loss.backward()
+        grads.append((float(loss.detach()), torch.cat([p.grad.flatten() for p in params])))
+    (ref_loss, ref_grad), *others = grads
+    assert ref_grad.abs().max() > 1e-4  # the gradients compared are not all zero
+    for loss, grad in others:
+        assert abs(loss - ref_loss) < 1e-5
+        assert torch.allclose(grad, ref_grad, atol=1e-5, rtol=0)
