@@ -73,7 +73,8 @@ def run_seed(seed: int, args) -> dict:
     from forge_bridge.core.store import TrajectoryStore
     from forge_bridge.policies.scripted import ScriptedPolicy
     from forge_bridge.trainer.lora import load_adapter_weights, save_adapter
-    from forge_bridge.trainer.sft import SFTConfig, supervised_finetune
+    from forge_bridge.trainer.publish import WARM_START
+    from forge_bridge.trainer.sft import SFTConfig, sft as warm_start
 
     torch.manual_seed(seed)
     out = Path(args.out) / f"seed{seed}"
@@ -109,7 +110,7 @@ def run_seed(seed: int, args) -> dict:
         demos = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
         warm = fb.GRPOTrainer(policy, fb.GRPOConfig(run_name="sft", out_dir=str(out / "sft"), seed=seed,
                                                      progress=not args.quiet), recorder=fb.Recorder(store))
-        sft = supervised_finetune(warm, demos, SFTConfig(epochs=args.sft_epochs, lr=args.sft_lr, batch_size=8))
+        sft = warm_start(warm, demos, SFTConfig(epochs=args.sft_epochs, lr=args.sft_lr, batch_size=8))
         sft_path = save_adapter(warm.model, out / "sft-adapter")
         warm.close()
         del warm
@@ -130,10 +131,10 @@ def run_seed(seed: int, args) -> dict:
         config = arm_config(arm, args, out, seed)
         trainer = (fb.PPOTrainer if arm == "ppo" else fb.GRPOTrainer)(policy, config, recorder=fb.Recorder(store))
         load_adapter_weights(trainer.model, sft_path)
-        trainer.publish_next()  # v1: the warm start, served to the live agent
-        history = trainer.train(rollout, schedule, iterations=1 + args.iterations)
+        trainer.publish(WARM_START)  # '<arm>-sft': the warm start, served to the live agent
+        history = trainer.train(rollout, schedule, iterations=args.iterations)
         per_iteration = {kind: [] for kind in MULTI}
-        for it in range(2, 2 + args.iterations):
+        for it in range(1, 1 + args.iterations):
             rolled = [t for t in store.trajectories(run_id=trainer.run_id) if t.metadata.get("iteration") == it]
             for kind in MULTI:
                 mine = [t.reward or 0.0 for t in rolled if kind_of(t.task_id) == kind]

@@ -83,7 +83,7 @@ def main() -> None:
     from forge_bridge.core.episode import derive_seed
     from forge_bridge.core.store import TrajectoryStore
     from forge_bridge.policies.scripted import ScriptedPolicy
-    from forge_bridge.trainer.sft import SFTConfig, supervised_finetune
+    from forge_bridge.trainer.sft import SFTConfig, sft as warm_start
 
     train, validation = make_splits(24, 10, args.seed)
     single = demonstration_tasks(DemoConfig(seed=args.seed, demonstrate=("multiply", "lookup", *args.bridge)), train)
@@ -119,7 +119,7 @@ def main() -> None:
         recorded = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
         recorded = [dataclasses.replace(t, transitions=[s for s in t.transitions if s.action.tool_calls])
                     if t.task_id.rsplit("-", 1)[0] in args.calls_only else t for t in recorded]
-        sft = supervised_finetune(trainer, recorded, SFTConfig(epochs=epochs, lr=1e-3, batch_size=8))
+        sft = warm_start(trainer, recorded, SFTConfig(epochs=epochs, lr=1e-3, batch_size=8))
         print(f"\nSFT {epochs} epoch(s) on {len(recorded)} demonstrations of {sorted({t.task_id.rsplit('-', 1)[0] for t in recorded})}: loss "
               f"{sft['sft_loss_first']:.3f} -> {sft['sft_loss_last']:.3f}")
         if args.forced:

@@ -253,7 +253,7 @@ def run_seed(seed: int, args) -> dict:
     from forge_bridge.app.tasks.functions import expert_call
     from forge_bridge.core.store import TrajectoryStore
     from forge_bridge.policies.scripted import ScriptedPolicy
-    from forge_bridge.trainer.sft import SFTConfig, supervised_finetune
+    from forge_bridge.trainer.sft import SFTConfig, sft as warm_start
 
     torch.manual_seed(seed)
     out = Path(args.out) / f"seed{seed}"
@@ -285,7 +285,7 @@ def run_seed(seed: int, args) -> dict:
         warmup_steps=2, minibatch_size=args.minibatch_size, epochs=args.epochs, microbatch_size=8,
         concurrency=args.concurrency, max_seq_len=1024, merge_steps=True, run_name="fc",
         out_dir=str(out / "run"), seed=seed, progress=not args.quiet), recorder=fb.Recorder(store))
-    sft = supervised_finetune(trainer, demos, SFTConfig(epochs=args.sft_epochs, lr=args.sft_lr, batch_size=8))
+    sft = warm_start(trainer, demos, SFTConfig(epochs=args.sft_epochs, lr=args.sft_lr, batch_size=8))
     result["sft_loss"] = [sft["sft_loss_first"], sft["sft_loss_last"]]
     if args.kl_beta > 0:
         trainer.freeze_reference()  # the KL holds RL near the warm start, not the base model

@@ -28,17 +28,21 @@ from forge_bridge.policies.base import Policy, PolicyOutput, sampling
 
 if TYPE_CHECKING:  # what type checkers and IDEs see for the lazy names
     from forge_bridge.policies.local import LocalPolicy
+    from forge_bridge.policies.scripted import ScriptedPolicy
     from forge_bridge.policies.vllm import VLLMPolicy
     from forge_bridge.policies.vllm_server import VLLMServer
     from forge_bridge.serving.gateway import Gateway
-    from forge_bridge.trainer.config import GRPOConfig, PPOConfig
+    from forge_bridge.trainer.config import GRPOConfig, PPOConfig, SFTConfig
+    from forge_bridge.trainer.demonstrations import import_demonstrations, read_demonstrations, record_demonstrations
     from forge_bridge.trainer.grpo import GRPOTrainer
     from forge_bridge.trainer.ppo import PPOTrainer
+    from forge_bridge.trainer.sft import sft
 
 __version__ = "0.1.0"
 
 _LAZY = {
     "LocalPolicy": "forge_bridge.policies.local",
+    "ScriptedPolicy": "forge_bridge.policies.scripted",
     "VLLMPolicy": "forge_bridge.policies.vllm",
     "VLLMServer": "forge_bridge.policies.vllm_server",
     "Gateway": "forge_bridge.serving.gateway",
@@ -46,6 +50,11 @@ _LAZY = {
     "PPOTrainer": "forge_bridge.trainer.ppo",
     "GRPOConfig": "forge_bridge.trainer.config",
     "PPOConfig": "forge_bridge.trainer.config",
+    "SFTConfig": "forge_bridge.trainer.config",
+    "sft": "forge_bridge.trainer.sft",
+    "record_demonstrations": "forge_bridge.trainer.demonstrations",
+    "read_demonstrations": "forge_bridge.trainer.demonstrations",
+    "import_demonstrations": "forge_bridge.trainer.demonstrations",
 }
 
 
@@ -65,7 +74,7 @@ __all__ = [
     "Action", "AdapterError", "Environment", "Episode", "ForgeBridgeError", "GRPOConfig",
     "GRPOTrainer", "Gateway", "LocalPolicy", "Observation", "PPOConfig", "PPOTrainer", "Policy",
     "PolicyError", "PolicyOutput", "PolicyResponseError", "PolicyUnavailable", "Recorder",
-    "SchemaError", "StepResult", "StepRewards", "StoreError", "ToolCall", "Trajectory", "TrajectoryGroup",
+    "SFTConfig", "SchemaError", "ScriptedPolicy", "StepResult", "StepRewards", "StoreError", "ToolCall", "Trajectory", "TrajectoryGroup",
     "TrajectoryStore", "Transition", "VLLMPolicy", "VLLMServer", "__version__", "current_episode",
-    "episode", "sampling", "wrap",
+    "episode", "import_demonstrations", "read_demonstrations", "record_demonstrations", "sampling", "sft", "wrap",
 ]

@@ -197,21 +197,22 @@ class PPOConfig(TrainerConfig):
 
 @dataclass(frozen=True)
 class SFTConfig:
-    """Supervised warm start on demonstrations (`supervised_finetune`)."""
+    """The supervised warm start on demonstrations (`fb.sft`)."""
 
-    epochs: int = 2
+    epochs: int = 3
     """Passes over the demonstrations."""
-    lr: float | None = None
-    """AdamW learning rate (None: the trainer's `lr`)."""
-    batch_size: int | None = None
+    lr: float = 1e-3
+    """AdamW learning rate of the LoRA (the trainer's RL rate, 1e-4, leaves the default model
+    where it was on a few dozen demonstrations; docs/own-agent.md has the sweep)."""
+    batch_size: int | None = 8
     """Sequences per optimizer step (None: the trainer's `minibatch_size`)."""
     publish: bool = True
-    """Publish the result to the live policy as the trainer's next adapter version."""
+    """Publish the result to the live policy as version '<run>-sft'."""
 
     def __post_init__(self) -> None:
         _check(isinstance(self.epochs, int) and not isinstance(self.epochs, bool) and self.epochs >= 1,
                "epochs", "an int >= 1", self.epochs)
-        _check(self.lr is None or (_number(self.lr) and self.lr > 0), "lr", "a number > 0 or None", self.lr)
+        _check(_number(self.lr) and self.lr > 0, "lr", "a number > 0", self.lr)
         _check(self.batch_size is None or (isinstance(self.batch_size, int) and not isinstance(
             self.batch_size, bool) and self.batch_size >= 1), "batch_size", "an int >= 1 or None",
             self.batch_size)

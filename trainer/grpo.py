@@ -103,22 +103,23 @@ class GRPOTrainer(Trainer):
         advantages = grpo_advantages(groups, self.config)
         spans = grpo_span_rewards(groups, self.config)
         self.remember_advantages([t for g in groups for t in g.trajectories], [a for advs in advantages for a in advs])
-        if self.config.skip_uniform_groups and self.config.baseline == "group":
-            # a group whose every advantage is 0 says nothing against its own rollouts
-            # (unless its span rewards differ: they still tell right parts of a call from wrong ones)
-            signal = [any(a.numel() > 0 and float(a.abs().max()) > 1e-6 for a in advs)
-                      or (self.config.span_weight > 0 and has_span_signal(sp))
-                      for advs, sp in zip(advantages, spans)]
-        else:
-            signal = [True] * len(groups)
-        kept = [g for g, s in zip(groups, signal) if s]
+        # a group whose every advantage is 0 says nothing against its own rollouts (unless its
+        # span rewards differ: they still tell right parts of a call from wrong ones)
+        signal = [any(a.numel() > 0 and float(a.abs().max()) > 1e-6 for a in advs)
+                  or (self.config.span_weight > 0 and has_span_signal(sp))
+                  for advs, sp in zip(advantages, spans)]
+        skip = self.config.skip_uniform_groups and self.config.baseline == "group"
+        keep = signal if skip else [True] * len(groups)
+        kept = [g for g, k in zip(groups, keep) if k]
         trajectories = [t for group in kept for t in group.trajectories]
-        flat = [a for advs, s in zip(advantages, signal) if s for a in advs]
-        flat_spans = [sp for group_spans, s in zip(spans, signal) if s for sp in group_spans]
+        flat = [a for advs, k in zip(advantages, keep) if k for a in advs]
+        flat_spans = [sp for group_spans, k in zip(spans, keep) if k for sp in group_spans]
         samples, stats = build_samples(trajectories, flat, self.config.max_seq_len, self.config.merge_steps,
                                        span_weight=self.config.span_weight, step_spans=flat_spans)
         first = [float(a[0]) for a in flat if len(a)]
-        return samples, stats, {"groups_trained": len(kept), "groups_uniform": len(groups) - len(kept),
+        uniform = len(groups) - sum(signal)
+        return samples, stats, {"groups_trained": sum(signal), "groups_uniform": uniform,
+                                "zero_signal_share": uniform / len(groups) if groups else 1.0,
                                 "advantage_abs_mean_step0": sum(map(abs, first)) / max(len(first), 1)}
 
     def loss(self, logp, hidden, batch):

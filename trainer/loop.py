@@ -16,7 +16,7 @@ import random
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -33,6 +33,9 @@ from forge_bridge.trainer.logprobs import token_logprobs
 from forge_bridge.trainer.lora import adapter_parameters, attach_lora
 from forge_bridge.trainer.publish import Reference, publish_all, version_name
 from forge_bridge.trainer.rollouts import Rollout, TaskSchedule
+
+if TYPE_CHECKING:
+    from forge_bridge.trainer.probe import ProbeReport
 
 
 class Trainer:
@@ -226,7 +229,15 @@ class Trainer:
         self.iteration = it + 1
         self.log(metrics)
         self.save_checkpoint()
+        self.say(runlog.summary_line(metrics))
         return metrics
+
+    def say(self, line: str) -> None:
+        """A line for the person watching (above the progress bars), when `progress` is on."""
+        if self.config.progress and line:
+            from tqdm.auto import tqdm
+
+            tqdm.write(line)
 
     def learn(self, groups: list[TrajectoryGroup], it: int) -> tuple[dict, int]:
         """Prepare and update each slot's LoRA on its own roles' groups; returns the statistics
@@ -254,6 +265,21 @@ class Trainer:
                                 group_size=self.config.group_size, concurrency=self.config.concurrency,
                                 success_threshold=self.config.success_threshold,
                                 progress=self.config.progress, policy=self.policy, seed=self.config.seed)
+
+    def probe(self, rollout: rollouts.Rollout, tasks: Sequence[Any], *, name: str = "probe",
+              greedy: bool = False, group_size: int | None = None, kind_key: str = "kind",
+              require_kind: bool = True) -> "ProbeReport":
+        """Sample one group of every task with the policy as it serves now and report, per task
+        kind, the success rate and the share of groups with no reward spread (`trainer/probe.py`);
+        recorded under the run id '<run>-<name>', nothing trained. `greedy`: one greedy rollout
+        per task (a held-out check)."""
+        from forge_bridge.trainer.probe import probe
+
+        return probe(rollout, tasks, recorder=self.recorder, run_id=f"{self.run_id}-{name}",
+                     group_size=group_size or self.config.group_size, kind_key=kind_key, greedy=greedy,
+                     concurrency=self.config.concurrency, success_threshold=self.config.success_threshold,
+                     progress=self.config.progress, policy=self.policy, seed=self.config.seed,
+                     require_kind=require_kind)
 
     def remember_advantages(self, trajectories: Sequence[Trajectory], advantages: Sequence[torch.Tensor]) -> None:
         """Keep what `prepare` gave each step ([S_i] per trajectory), for `record_credit`."""
@@ -308,20 +334,16 @@ class Trainer:
         return self.reference.freeze(self.model, self.out / "reference")
 
     # ------------------------------------------------------------------ publish, log, checkpoint
-    def version_name(self, n: int, slot: str = DEFAULT_SLOT) -> str:
-        """'<run>-vN' for the shared LoRA, '<run>-<slot>-vN' for a role slot's."""
+    def version_name(self, n: int | str, slot: str = DEFAULT_SLOT) -> str:
+        """'<run>-vN' for the shared LoRA, '<run>-<slot>-vN' for a role slot's ('-sft' for the warm start)."""
         return version_name(self.config.run_name, n, slot)
 
-    def publish_next(self) -> str:
-        """Count one more update (an SFT warm start, say) and publish it as the next version."""
-        self.iteration += 1
-        return self.publish(self.iteration)
-
-    def publish(self, n: int) -> str:
-        """Publish version `n` of every LoRA; returns the shared LoRA's version."""
+    def publish(self, n: int | str) -> str:
+        """Publish version `n` of every LoRA (an iteration, or `WARM_START`); returns the shared
+        LoRA's version."""
         return self.publish_all(n)[DEFAULT_SLOT]
 
-    def publish_all(self, n: int) -> dict[str, str]:
+    def publish_all(self, n: int | str) -> dict[str, str]:
         """Save version `n` of every LoRA and make the live policy serve each from its slot."""
         return publish_all(self.model, self.policy, self.out / "adapters", self.config.run_name, self.slots, n)
 

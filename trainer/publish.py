@@ -19,13 +19,20 @@ from forge_bridge.trainer.logprobs import token_logprobs
 from forge_bridge.trainer.lora import load_adapter_weights, save_adapter
 
 
-def version_name(run_name: str, n: int, slot: str = DEFAULT_SLOT) -> str:
-    """'<run>-vN' for the shared LoRA, '<run>-<slot>-vN' for a role slot's."""
-    return f"{run_name}-v{n}" if slot == DEFAULT_SLOT else f"{run_name}-{slot}-v{n}"
+WARM_START = "sft"
+"""The version the SFT warm start publishes ('<run>-sft'): not an RL iteration, whose versions
+count from v1."""
+
+
+def version_name(run_name: str, n: int | str, slot: str = DEFAULT_SLOT) -> str:
+    """'<run>-vN' for the shared LoRA, '<run>-<slot>-vN' for a role slot's; '<run>-sft' and
+    '<run>-<slot>-sft' for the warm start (n = `WARM_START`)."""
+    tag = WARM_START if n == WARM_START else f"v{n}"
+    return f"{run_name}-{tag}" if slot == DEFAULT_SLOT else f"{run_name}-{slot}-{tag}"
 
 
 def publish_all(model: Any, policy: Policy, folder: Path, run_name: str, slots: Sequence[str],
-                n: int) -> dict[str, str]:
+                n: int | str) -> dict[str, str]:
     """Save version `n` of every slot's LoRA atomically and make the live policy serve each from
     its slot (a version it already holds is not loaded twice); returns slot -> version."""
     versions = {}
@@ -69,4 +76,4 @@ class Reference:
                 return token_logprobs(model, *args, share_prefix=share_prefix)[0]
 
 
-__all__ = ["Reference", "publish_all", "version_name"]
+__all__ = ["Reference", "WARM_START", "publish_all", "version_name"]

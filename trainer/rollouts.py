@@ -183,7 +183,8 @@ def check_outcomes(outcomes: list[Outcome], it: int) -> list[str]:
 def read_back(recorder: Recorder, run_id: str, jobs: list[Job], opened: list[str], lost: list[str],
               success_threshold: float, it: int) -> tuple[list[TrajectoryGroup], dict]:
     """The trainable groups of exactly the episodes these jobs opened, and the iteration's
-    statistics (episodes by end reason, mean reward, success rate)."""
+    statistics (episodes by end reason, mean reward, success rate, and per task kind:
+    'success/<kind>')."""
     trained: list[Trajectory] = []
     ends = {reason: 0 for reason in END_REASONS} | {"incomplete": 0}
     reasons: list[str] = []
@@ -207,6 +208,10 @@ def read_back(recorder: Recorder, run_id: str, jobs: list[Job], opened: list[str
     if reasons:
         print(f"iteration {it + 1}: not training on {len(reasons)} episode(s) (e.g. {reasons[0]})")
     rewards = [float(t.reward) for t in trained]
+    by_kind: dict[str, list[bool]] = {}
+    for t in trained:
+        if "kind" in t.metadata:
+            by_kind.setdefault(str(t.metadata["kind"]), []).append(float(t.reward) >= success_threshold)
     mean = sum(rewards) / len(rewards) if rewards else 0.0
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else 0.0
     return groups, {
@@ -215,7 +220,8 @@ def read_back(recorder: Recorder, run_id: str, jobs: list[Job], opened: list[str
         "episodes_truncated": ends["truncated"], "episodes_policy_fault": ends["policy_fault"],
         "episodes_lost": len(lost),
         "reward_mean": mean, "reward_std": std,
-        "success_rate": sum(r >= success_threshold for r in rewards) / len(rewards) if rewards else 0.0}
+        "success_rate": sum(r >= success_threshold for r in rewards) / len(rewards) if rewards else 0.0,
+        **{f"success/{kind}": sum(ok) / len(ok) for kind, ok in sorted(by_kind.items())}}
 
 
 __all__ = ["EpisodeRunner", "Job", "Outcome", "Rollout", "RolloutError", "TaskSchedule", "check_outcomes",

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from forge_bridge.trainer import checkpoint
+from forge_bridge.trainer.publish import WARM_START
 
 if TYPE_CHECKING:
     from forge_bridge.trainer.loop import Trainer
@@ -42,6 +43,18 @@ class RunLog:
                 writer.add_scalar(key, value, metrics["iteration"])
         writer.flush()
 
+    def log_event(self, name: str, metrics: dict) -> None:
+        """A one-off step outside the iterations (the warm start, the probe): `events.jsonl`, and
+        TensorBoard at step 0 under '<name>/...'."""
+        numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        with open(self.folder / "events.jsonl", "a") as f:
+            f.write(json.dumps({"run_id": self.run_id, "event": name, **metrics}, default=str) + "\n")
+        writer = self._writer()
+        if writer is not None:
+            for key, value in numbers.items():
+                writer.add_scalar(key if key.startswith(f"{name}/") else f"{name}/{key}", value, 0)
+            writer.flush()
+
     def _writer(self) -> Any:
         if self._tb is None:
             try:
@@ -63,6 +76,24 @@ class RunLog:
     def close(self) -> None:
         if self._tb:
             self._tb.close()
+
+
+def summary_line(metrics: dict) -> str:
+    """One iteration in a line: reward, success (per kind when the tasks have one), the share of
+    groups with no reward spread, and a warning when no group had any signal."""
+    parts = [f"iteration {metrics['iteration']}: reward {metrics.get('reward_mean', 0.0):.2f}",
+             f"success {metrics.get('success_rate', 0.0):.0%}"]
+    kinds = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("success/")}
+    if kinds:
+        parts[-1] += " (" + ", ".join(f"{kind} {v:.0%}" for kind, v in kinds.items()) + ")"
+    shares = {k: v for k, v in metrics.items() if k.endswith("zero_signal_share")}
+    if shares:
+        parts.append("no-spread groups " + ", ".join(f"{v:.0%}" for v in shares.values()))
+    line = "; ".join(parts)
+    if shares and all(v >= 1.0 for v in shares.values()):
+        line += ("\n  no group had any reward spread this iteration: nothing was learned from rewards "
+                 "(run the probe: forge-bridge probe; docs/own-agent.md#no-signal)")
+    return line
 
 
 def save_checkpoint(trainer: "Trainer") -> Path:
@@ -95,7 +126,9 @@ def resume(trainer: "Trainer") -> int:
     trainer.runlog.keep_until(trainer.iteration)
     if trainer.iteration:
         trainer.publish(trainer.iteration)
+    elif (trainer.out / "adapters" / trainer.version_name(WARM_START)).is_dir():
+        trainer.publish(WARM_START)  # the checkpoint holds the warm start's weights
     return trainer.iteration
 
 
-__all__ = ["RunLog", "resume", "save_checkpoint"]
+__all__ = ["RunLog", "resume", "save_checkpoint", "summary_line"]

@@ -8,7 +8,7 @@ negative log-likelihood of their completions.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -21,6 +21,9 @@ from forge_bridge.trainer.logprobs import token_logprobs
 from forge_bridge.trainer.loop import Trainer
 from forge_bridge.trainer.lora import adapter_parameters
 from forge_bridge.trainer.losses import aggregate
+from forge_bridge.trainer.probe import ProbeReport
+from forge_bridge.trainer.publish import WARM_START
+from forge_bridge.trainer.rollouts import Rollout
 
 
 def sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -28,13 +31,24 @@ def sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return -aggregate(logp, mask, "token")
 
 
-def supervised_finetune(trainer: Trainer, demonstrations: Sequence[Trajectory],
-                        config: SFTConfig = SFTConfig()) -> dict:
-    """Train `trainer`'s LoRA on the demonstrations (and, by default, publish the result as its
-    next adapter version); returns the loss before and after. With per-role LoRAs
-    (`role_slots`), each role's demonstrations train its own LoRA, and the losses are given per
-    slot too (`sft_loss_first/<slot>`)."""
+def sft(trainer: Trainer, demonstrations: Sequence[Trajectory], config: SFTConfig = SFTConfig(), *,
+        rollout: Rollout | None = None, held_out: Sequence[Any] | None = None, kind_key: str = "kind") -> dict:
+    """The warm start: fit `trainer`'s LoRA to the demonstrations (trajectories recorded through
+    the agent, e.g. on a `ScriptedPolicy`, or read from the store) and publish it as version
+    '<run>-sft' (not an RL iteration: GRPO's versions still count from v1), with a checkpoint a
+    resumed run starts from. With `rollout` and `held_out` tasks, each is run greedily before and
+    after the fit, and the result says whether the warm start learned anything
+    (`held_out_base`, `held_out_sft`: success per kind). With per-role LoRAs (`role_slots`),
+    each role's demonstrations train its own LoRA (`sft_loss_first/<slot>`, ...)."""
+    demonstrations = list(demonstrations)
     trajs = [t for t in demonstrations if t.transitions]
+    if not trajs:
+        raise InvalidArgument(f"sft: no demonstrations to learn from ({len(demonstrations)} given, none with a "
+                              "recorded step); record some through your agent (fb.record_demonstrations, or "
+                              "fb.ScriptedPolicy in an episode) or import them: see docs/own-agent.md")
+    if (rollout is None) != (held_out is None):
+        raise InvalidArgument("sft: the held-out check needs both rollout= and held_out= (or neither)")
+    before = trainer.probe(rollout, held_out, name="check-base", greedy=True, kind_key=kind_key) if held_out else None
     by_slot: dict[str, list[Trajectory]] = {}
     for t in trajs:
         by_slot.setdefault(trainer.slot_of_steps(t.role, [t]), []).append(t)
@@ -53,12 +67,35 @@ def supervised_finetune(trainer: Trainer, demonstrations: Sequence[Trajectory],
             result[f"sft_loss_first/{slot}"], result[f"sft_loss_last/{slot}"] = mine[0], mine[-1]
         losses += mine
     if not losses:
-        raise InvalidArgument("supervised_finetune: the demonstrations hold no trainable steps "
-                              "(were they recorded with token ids?)")
-    result.update(sft_loss_first=losses[0], sft_loss_last=losses[-1])
+        raise InvalidArgument("sft: the demonstrations hold no trainable steps (were they recorded with token "
+                              "ids, by a policy the trainer's tokenizer matches?)")
+    result.update(sft_loss_first=losses[0], sft_loss_last=losses[-1], sft_demonstrations=len(trajs))
     if config.publish:
-        result["adapter"] = trainer.publish_next()
+        result["adapter"] = trainer.publish(WARM_START)
+        trainer.save_checkpoint()  # iteration 0, the warm start's weights: a resumed run starts here
+    if before is not None:
+        after = trainer.probe(rollout, held_out, name="check-sft", greedy=True, kind_key=kind_key)
+        result["held_out_base"] = {k: v.success_rate for k, v in before.kinds.items()}
+        result["held_out_sft"] = {k: v.success_rate for k, v in after.kinds.items()}
+        result["held_out_verdict"] = verdict(before, after)
+        if trainer.config.progress:
+            print(result["held_out_verdict"])
+    trainer.runlog.log_event("sft", {k: v for k, v in result.items() if isinstance(v, (int, float))}
+                             | {f"{key}/{kind}": v for key in ("held_out_base", "held_out_sft")
+                                for kind, v in result.get(key, {}).items()})
     return result
+
+
+def verdict(before: ProbeReport, after: ProbeReport) -> str:
+    """Whether the warm start learned anything on the held-out tasks, kind by kind."""
+    lines = [f"held-out check of the warm start, greedy ({before.rollouts} tasks): "
+             f"{before.success_rate:.0%} before, {after.success_rate:.0%} after"]
+    for kind, k in after.kinds.items():
+        base = before.kinds[kind]
+        note = ("learned nothing: more demonstrations of it, more epochs or a higher lr (docs/own-agent.md)"
+                if k.successes <= base.successes else "learned")
+        lines.append(f"  {kind}: {base.successes} -> {k.successes} of {k.rollouts} ({note})")
+    return "\n".join(lines)
 
 
 def _fit(trainer: Trainer, samples: list, config: SFTConfig, slot: str, desc: str) -> list[float]:
@@ -67,7 +104,7 @@ def _fit(trainer: Trainer, samples: list, config: SFTConfig, slot: str, desc: st
     from tqdm.auto import tqdm
 
     params = adapter_parameters(trainer.model, slot)
-    optimizer = torch.optim.AdamW(params, lr=config.lr or trainer.config.lr)
+    optimizer = torch.optim.AdamW(params, lr=config.lr)
     trainer.model.train()
     losses = []
     size = config.batch_size or trainer.config.minibatch_size
@@ -93,4 +130,4 @@ def _fit(trainer: Trainer, samples: list, config: SFTConfig, slot: str, desc: st
     return losses
 
 
-__all__ = ["SFTConfig", "sft_loss", "supervised_finetune"]
+__all__ = ["SFTConfig", "sft", "sft_loss", "verdict"]

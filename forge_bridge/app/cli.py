@@ -6,9 +6,31 @@ from __future__ import annotations
 import argparse
 import sys
 
-from forge_bridge.app import commands
-from forge_bridge.app.commands import DEMO_FLAGS, TRAIN_FLAGS
+from forge_bridge.app import commands, training
+from forge_bridge.app.commands import DEMO_FLAGS
 from forge_bridge.app.config_flags import add_config_flags
+from forge_bridge.app.training import TRAIN_FLAGS
+
+
+def add_agent_flags(p: argparse.ArgumentParser, rollout_required: bool = False) -> None:
+    """Your agent: its rollout function, its tasks, the model it runs on."""
+    p.add_argument("--rollout", required=rollout_required, help="module:function, e.g. my_agent:make_rollout")
+    p.add_argument("--tasks", required=True, help="module:name of the task list, e.g. my_agent:TASKS")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="embedded name or model directory")
+    p.add_argument("--tool-format", choices=("hermes", "llama3_json", "mistral"),
+                   help="the model family's tool-call format (default: from its chat template)")
+
+
+def add_warm_start_flags(p: argparse.ArgumentParser, required: bool) -> None:
+    """The SFT warm start: where the demonstrations come from, the held-out check, its settings."""
+    p.add_argument("--demos", required=required, help="'tasks' (record each task's 'demo' plan through your "
+                   "agent), a .jsonl of OpenAI conversations, or a trajectory store (.db)")
+    p.add_argument("--demos-run", default="demonstrations", help="with a .db: the run id they were recorded "
+                   "under (default: demonstrations)")
+    p.add_argument("--held-out", help="module:name of tasks the warm start is checked on, greedily")
+    p.add_argument("--sft-epochs", type=int, help="passes over the demonstrations (default: SFTConfig's)")
+    p.add_argument("--sft-lr", type=float, help="the warm start's learning rate (default: SFTConfig's)")
+    p.add_argument("--kind-key", default="kind", help="the task field that holds its kind (default: kind)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,31 +56,56 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Train a LoRA on LocalPolicy(MODEL) with GRPO or PPO. --rollout "
                                    "names a function policy -> rollout, where rollout(task) runs "
                                    "your agent on the policy and returns the reward; --tasks names "
-                                   "a list of tasks (or a function returning one). Each iteration's "
-                                   "adapter is published to the policy your agent runs on.")
-    p.add_argument("--rollout", help="module:function, e.g. my_agent:make_rollout")
+                                   "a list of tasks (or a function returning one). A new run first "
+                                   "warm-starts on --demos (when given) and probes the signal per task "
+                                   "kind; each iteration's adapter is published to the policy your "
+                                   "agent runs on. docs/own-agent.md walks through it.")
+    add_agent_flags(p)
     p.add_argument("--agent-cmd", help="or: a program run per rollout with OPENAI_BASE_URL set to its "
                    "episode, e.g. \"python my_agent.py {task_json}\"; it prints a JSON line "
                    "{\"reward\": r} (see forge_bridge.serving.command_rollout)")
     p.add_argument("--agent-timeout", type=float, default=300.0,
                    help="seconds before an --agent-cmd process is killed (episode truncated; default: 300)")
-    p.add_argument("--tasks", required=True, help="module:name of the task list, e.g. my_agent:TASKS")
-    p.add_argument("--model", default="smollm2-135m-instruct", help="embedded name or model directory")
     p.add_argument("--algo", choices=("grpo", "ppo"), default="grpo")
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--vllm", action="store_true", help="roll out on a vLLM server started for the run "
                    "(.venv-vllm; LoRA on, each new adapter loaded into it) instead of the embedded policy")
-    p.add_argument("--tool-format", choices=("hermes", "llama3_json", "mistral"),
-                   help="the model family's tool-call format (default: from its chat template)")
     p.add_argument("--reasoning-parser", help="with --vllm: vLLM's parser for thinking blocks, e.g. qwen3")
     p.add_argument("--max-model-len", type=int, default=2048, help="with --vllm: the server's context")
+    add_warm_start_flags(p, required=False)
+    p.add_argument("--no-probe", action="store_true", help="skip the signal probe before the first iteration")
     from forge_bridge.trainer.config import TrainerConfig
 
     add_config_flags(p, TrainerConfig, TRAIN_FLAGS, aliases={"out_dir": "--out"})
     p.add_argument("--resume", action="store_true", help="continue the run in the folder from its checkpoint")
     p.add_argument("--new", action="store_true", help="set an earlier run in the folder aside "
                    "(renamed to <out>-<time>) and start a new one")
-    p.set_defaults(func=commands.cmd_train)
+    p.set_defaults(func=training.cmd_train)
+
+    p = sub.add_parser("sft", help="warm-start your own agent on demonstrations (version '<run>-sft')",
+                       description="Supervised fine-tuning of a LoRA on demonstrations recorded through your "
+                                   "agent (--demos tasks: each task's 'demo' plan), imported (a .jsonl of "
+                                   "OpenAI conversations) or read from a store (.db); checked greedily on "
+                                   "--held-out tasks before and after. `train --resume` on the same --out "
+                                   "continues with RL from it.")
+    add_agent_flags(p, rollout_required=True)
+    add_warm_start_flags(p, required=True)
+    add_config_flags(p, TrainerConfig, TRAIN_FLAGS, aliases={"out_dir": "--out"})
+    p.set_defaults(func=training.cmd_sft)
+
+    p = sub.add_parser("probe", help="is there a signal for GRPO? success and reward spread per task kind",
+                       description="Samples one group of rollouts per task with the model as it is (and "
+                                   "--adapter) and prints, per task kind, the success rate and the share of "
+                                   "groups whose rewards were all equal (nothing for GRPO to compare), with "
+                                   "advice where a kind has no signal. Nothing is trained.")
+    add_agent_flags(p, rollout_required=True)
+    p.add_argument("--adapter", help="a LoRA adapter directory to probe (e.g. a run's <run>-sft)")
+    p.add_argument("--group-size", type=int, default=8, help="rollouts per task (default: 8)")
+    p.add_argument("--greedy", action="store_true", help="one greedy rollout per task instead")
+    p.add_argument("--concurrency", type=int, default=4, help="rollouts at once (default: 4)")
+    p.add_argument("--kind-key", default="kind", help="the task field that holds its kind (default: kind)")
+    p.add_argument("--store", default="runs/probe/trajectories.db", help="where the rollouts are recorded")
+    p.set_defaults(func=training.cmd_probe)
 
     p = sub.add_parser("gateway", help="an OpenAI-compatible server that records every call (zero code change)",
                        description="Serve a policy behind an OpenAI-compatible API that records every "

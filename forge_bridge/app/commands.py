@@ -1,5 +1,6 @@
 """What each `forge-bridge` subcommand does (`cli.py` holds the argument table): one `cmd_*`
-function per subcommand, given the parsed arguments, returning the exit status."""
+function per subcommand, given the parsed arguments, returning the exit status. Training one's
+own agent (`train`, `probe`, `sft`) is in `training.py`."""
 
 from __future__ import annotations
 
@@ -9,15 +10,10 @@ import threading
 from pathlib import Path
 
 from forge_bridge.app.config_flags import config_kwargs
-from forge_bridge.core.errors import InvalidArgument
 
 DEMO_FLAGS = ("model", "out_dir", "seed", "rl_iterations", "sft_epochs", "demonstrate",
               "multi_step_demos")
 """DemoConfig fields the `demo` command takes as flags."""
-TRAIN_FLAGS = ("group_size", "tasks_per_iteration", "concurrency", "gamma", "lr", "epochs",
-               "minibatch_size", "kl_beta", "lora_rank", "device", "gradient_checkpointing",
-               "run_name", "out_dir", "seed")
-"""TrainerConfig fields the `train` command takes as flags."""
 QUICK = dict(train_per_kind=4, eval_per_kind=2, sft_epochs=1, rl_iterations=2, rl_tasks_per_kind=(1, 1, 1),
              group_size=4)
 """`demo --quick`: a minute-long smoke run of the whole pipeline (flags given still win)."""
@@ -30,111 +26,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     config = replace(demo.DemoConfig(), **QUICK) if args.quick else demo.DemoConfig()
     demo.run(replace(config, **config_kwargs(args, DEMO_FLAGS)))
-    return 0
-
-
-def _load_attr(spec: str, what: str):
-    import importlib
-
-    module_name, _, attr = spec.partition(":")
-    if not attr:
-        raise InvalidArgument(f"{what}: expected 'module:name', got {spec!r}")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise InvalidArgument(f"{what}: cannot load {spec!r} ({exc})") from None
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    import forge_bridge as fb
-    from forge_bridge.core.runs import set_aside
-
-    if args.new and args.resume:
-        print("forge-bridge train: --new and --resume exclude each other", file=sys.stderr)
-        return 2
-    if (args.rollout is None) == (args.agent_cmd is None):
-        print("forge-bridge train: give --rollout (a Python function) or --agent-cmd (a program)",
-              file=sys.stderr)
-        return 2
-    make_rollout = _load_attr(args.rollout, "--rollout") if args.rollout else None
-    tasks = _load_attr(args.tasks, "--tasks")
-    tasks = tasks() if callable(tasks) else tasks
-    config = (fb.GRPOConfig if args.algo == "grpo" else fb.PPOConfig)(**config_kwargs(args, TRAIN_FLAGS))
-    if args.new:
-        earlier = set_aside(config.out_dir)
-        if earlier is not None:
-            print(f"(the earlier run in {config.out_dir} was moved to {earlier})")
-    server = policy = None
-    try:
-        if args.vllm:
-            server = _vllm_server(args, config)
-            print(f"starting vLLM on {server.model} (log: {server.log_path}) ...", flush=True)
-            server.start()
-            policy = fb.VLLMPolicy(server.base_url, tool_format=server.tool_parser)
-        else:
-            policy = fb.LocalPolicy(args.model, device=config.device, tool_format=args.tool_format or "auto")
-        return _train(args, policy, config, make_rollout, tasks)
-    finally:
-        if policy is not None:
-            policy.close()
-        if server is not None:
-            server.stop()
-
-
-VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
-"""The `--max-lora-rank` values vLLM accepts."""
-
-
-def _vllm_server(args: argparse.Namespace, config):
-    """A vLLM server for the run: LoRA on with room for the trainer's rank, the model family's
-    tool-call parser (the client parses what it leaves in the text in the same format), and on
-    a GPU the trainer's model on the same device, so vLLM takes half its memory, not 90 %."""
-    import torch
-
-    from forge_bridge.policies import models
-    from forge_bridge.policies.device import resolve_device
-    from forge_bridge.policies.vllm_server import VLLMServer
-
-    model_dir = models.model_path(args.model)
-    rank = next((r for r in VLLM_LORA_RANKS if r >= config.lora_rank), None)
-    if rank is None:
-        raise InvalidArgument(f"--lora-rank {config.lora_rank}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}")
-    shared_gpu = torch.cuda.is_available() and resolve_device(config.device).startswith("cuda")
-    return VLLMServer(model_dir, max_lora_rank=rank, tool_parser=args.tool_format or _template_format(model_dir),
-                      reasoning_parser=args.reasoning_parser, max_model_len=args.max_model_len,
-                      extra_args=["--gpu-memory-utilization", "0.45"] if shared_gpu else [])
-
-
-def _template_format(model_dir) -> str:
-    from forge_bridge.policies import models
-    from forge_bridge.policies.toolcalls import detect_format
-
-    return detect_format(models.load_tokenizer(model_dir).chat_template)
-
-
-def _train(args: argparse.Namespace, policy, config, make_rollout, tasks) -> int:
-    import forge_bridge as fb
-    from forge_bridge.core.errors import RunExistsError
-
-    trainer = (fb.GRPOTrainer if args.algo == "grpo" else fb.PPOTrainer)(policy, config, model=args.model)
-    if make_rollout is not None:
-        rollout = make_rollout(policy)
-    else:
-        from forge_bridge.serving.command_rollout import CommandRollout
-
-        rollout = CommandRollout(args.agent_cmd, policy, timeout_s=args.agent_timeout)
-    try:
-        history = trainer.train(rollout, tasks, args.iterations, resume=args.resume)
-    except RunExistsError as exc:
-        print(f"forge-bridge train: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        trainer.close()
-        if make_rollout is None:
-            rollout.close()
-    last = history[-1] if history else {}
-    print(f"done: {trainer.iteration} iterations, live adapter {policy.current()}, last mean "
-          f"reward {last.get('reward_mean', float('nan')):.3f}; run folder {config.out_dir}")
     return 0
 
 
@@ -286,4 +177,4 @@ Ctrl-C stops the server.""", flush=True)
     return 0
 
 
-__all__ = ["DEMO_FLAGS", "QUICK", "TRAIN_FLAGS", "VLLM_LORA_RANKS", "cmd_demo", "cmd_eval", "cmd_export", "cmd_gateway", "cmd_inspect", "cmd_merge", "cmd_plot", "cmd_serve", "cmd_train"]
+__all__ = ["DEMO_FLAGS", "QUICK", "cmd_demo", "cmd_eval", "cmd_export", "cmd_gateway", "cmd_inspect", "cmd_merge", "cmd_plot", "cmd_serve"]

@@ -302,7 +302,7 @@ class DemoRun:
         (which RL continues) and the SFT's figures."""
         import forge_bridge as fb
         from forge_bridge.policies.scripted import ScriptedPolicy
-        from forge_bridge.trainer.sft import SFTConfig, supervised_finetune
+        from forge_bridge.trainer.sft import SFTConfig, sft
 
         config, store = self.config, self.store
         shown = demonstration_tasks(config, self.train)
@@ -322,13 +322,13 @@ class DemoRun:
             concurrency=config.concurrency,
             run_name="demo", out_dir=str(self.out), seed=config.seed, progress=self.progress,
             max_seq_len=768, merge_steps=True), recorder=fb.Recorder(store))  # episodes: the run id
-        sft = supervised_finetune(trainer, demos, SFTConfig(epochs=config.sft_epochs, lr=config.sft_lr, batch_size=8))
-        print(f"  SFT on {sft['sft_samples']} model calls: loss {sft['sft_loss_first']:.3f} -> "
-              f"{sft['sft_loss_last']:.3f}; published {sft['adapter']} to the live agent")
+        warm = sft(trainer, demos, SFTConfig(epochs=config.sft_epochs, lr=config.sft_lr, batch_size=8))
+        print(f"  SFT on {warm['sft_samples']} model calls: loss {warm['sft_loss_first']:.3f} -> "
+              f"{warm['sft_loss_last']:.3f}; published {warm['adapter']} to the live agent")
         if config.kl_beta > 0:
             trainer.freeze_reference()  # GRPO's KL is to this warm start, not to the base model
         self.timings["demos + SFT"] = time.perf_counter() - t
-        return trainer, sft
+        return trainer, warm
 
     def reinforce(self, trainer: Any) -> None:
         """GRPO on the training tasks, the same number of each kind every iteration."""

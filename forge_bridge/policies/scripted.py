@@ -8,16 +8,48 @@ model itself would have to produce them. Logprobs are recorded as 0 (the script 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence, Union
 
 from forge_bridge.core.errors import InvalidArgument, Unsupported
 from forge_bridge.policies.base import Policy, PolicyOutput, Sampling
 from forge_bridge.policies.messages import normalize_messages
-from forge_bridge.policies.toolcalls import PARSERS, detect_format, parse
+from forge_bridge.policies.toolcalls import PARSERS, detect_format, parse, render_calls
 
-Script = Callable[[list[dict], "list[dict] | None"], str]
-"""(messages, tools) -> the assistant's reply text, tool calls written in the policy's format."""
+Step = Union[str, Mapping[str, Any], Sequence[Mapping[str, Any]]]
+"""One scripted reply: its text (a final answer), a tool call `{"tool": name, "args": {...}}`,
+or a list of tool calls made at once."""
+
+Script = Callable[[list[dict], "list[dict] | None"], "str | Step"]
+"""(messages, tools) -> the assistant's reply: text with tool calls written in the policy's
+format, or a `Step`."""
+
+
+def as_calls(step: Step) -> tuple[str, list[tuple[str, dict]]]:
+    """A step's (content, [(tool name, arguments)]); a malformed step is a clear error."""
+    if isinstance(step, str):
+        return step, []
+    calls = [step] if isinstance(step, Mapping) else list(step)
+    out = []
+    for call in calls:
+        if not (isinstance(call, Mapping) and isinstance(call.get("tool"), str)
+                and isinstance(call.get("args", {}), Mapping)):
+            raise InvalidArgument(f"a scripted step must be text, {{'tool': name, 'args': {{...}}}} or a list of "
+                                  f"those, got {call!r}")
+        out.append((call["tool"], dict(call.get("args", {}))))
+    return "", out
+
+
+def check_tools(calls: list[tuple[str, dict]], tools: list[dict] | None) -> None:
+    """Refuse a scripted call of a tool the agent was not given: the demonstration would teach
+    the model to call something that does not exist."""
+    names = [t.get("function", t).get("name") for t in tools or []]
+    for name, _ in calls:
+        if name not in names:
+            raise InvalidArgument(f"the demonstration calls the tool {name!r}, which the agent does not have "
+                                  f"(its tools: {', '.join(map(str, names)) or 'none'}); fix the task's demo plan "
+                                  "or give the agent that tool")
 
 
 class ScriptedPolicy(Policy):
@@ -32,13 +64,48 @@ class ScriptedPolicy(Policy):
         self.tokenizer = tokenizer
         self.tool_format = (detect_format(getattr(tokenizer, "chat_template", None))
                             if tool_format == "auto" else tool_format)
+        self.problems: list[str] = []
+        """Why scripted replies were refused (a tool the agent lacks, a plan too short): each
+        also raised inside the agent, where a framework may have caught it."""
+
+    @classmethod
+    def replay(cls, plans: Mapping[str, Sequence[Step]], tokenizer: Any, tool_format: str = "auto") -> "ScriptedPolicy":
+        """A policy that answers the k-th model call of an episode on task T with `plans[T][k]`
+        (the task id of the episode it is called in): a scripted tool-call sequence per task."""
+        from forge_bridge.core.episode import current_episode
+
+        calls: dict[str, int] = {}
+        lock = threading.Lock()
+
+        def script(messages: list[dict], tools: list[dict] | None) -> Step:
+            ep = current_episode()
+            if ep is None:
+                raise InvalidArgument("a replayed plan answers inside an episode (fb.episode, or the trainer's)")
+            task = ep.trajectory.task_id
+            if task not in plans:
+                raise InvalidArgument(f"no demonstration plan for the task {task!r} (plans: {', '.join(sorted(plans))})")
+            with lock:
+                k = calls[ep.id] = calls.get(ep.id, -1) + 1
+            if k >= len(plans[task]):
+                raise InvalidArgument(f"the demonstration plan of task {task!r} has {len(plans[task])} steps, but "
+                                      f"the agent asked for model call {k + 1}; end the plan with the final answer")
+            return plans[task][k]
+
+        return cls(script, tokenizer, tool_format)
 
     def _chat(self, messages, tools, sampling: Sampling, adapter) -> PolicyOutput:
         messages = normalize_messages(messages)
         prompt = self.tokenizer.apply_chat_template(messages, tools=tools or None,
                                                     add_generation_prompt=True)
         prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
-        text = self.script(messages, tools)
+        try:
+            step = self.script(messages, tools)
+            content, calls = as_calls(step)
+            check_tools(calls, tools if calls else None)
+        except InvalidArgument as exc:
+            self.problems.append(str(exc))
+            raise
+        text = render_calls(content, calls, self.tool_format)
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         ended = len(ids) < sampling.max_tokens  # room for the end-of-turn token too
         ids = ids if ended else ids[:sampling.max_tokens]  # cut as a model hitting max_tokens is

@@ -200,6 +200,21 @@ def parse(text: str, finish_reason: str | None, tool_format: str = "hermes") -> 
     return action
 
 
+def render_calls(content: str, calls: list[tuple[str, dict]], tool_format: str = "hermes") -> str:
+    """A reply as a model of that format writes it: `content`, then the (name, arguments) calls;
+    `parse` reads it back to the same content and calls."""
+    if not calls:
+        return content
+    if tool_format == "hermes":
+        blocks = [f'<tool_call>\n{json.dumps({"name": n, "arguments": a})}\n</tool_call>' for n, a in calls]
+        return (content + "\n" if content else "") + "\n".join(blocks)
+    if tool_format == "llama3_json":  # the format has no room for content beside its calls
+        return "; ".join(json.dumps({"name": n, "parameters": a}) for n, a in calls)
+    if tool_format == "mistral":
+        return content + TOOL_CALLS + json.dumps([{"name": n, "arguments": a} for n, a in calls])
+    raise ValueError(f"tool_format: expected one of {sorted(PARSERS)}, got {tool_format!r}")
+
+
 def detect_format(chat_template: str | None) -> str:
     """The tool-call format a chat template teaches its model: Mistral's `[TOOL_CALLS]`, Llama
     3's header tokens, else Hermes `<tool_call>` (also the embedded model's)."""

@@ -63,9 +63,9 @@ PUBLIC_API = [
     "Action", "AdapterError", "Environment", "Episode", "ForgeBridgeError", "GRPOConfig",
     "GRPOTrainer", "Gateway", "LocalPolicy", "Observation", "PPOConfig", "PPOTrainer", "Policy",
     "PolicyError", "PolicyOutput", "PolicyResponseError", "PolicyUnavailable", "Recorder",
-    "SchemaError", "StepResult", "StepRewards", "StoreError", "ToolCall", "Trajectory", "TrajectoryGroup",
-    "TrajectoryStore", "Transition", "VLLMPolicy", "VLLMServer", "__version__", "current_episode",
-    "episode", "sampling", "wrap",
+    "SFTConfig", "SchemaError", "ScriptedPolicy", "StepResult", "StepRewards", "StoreError", "ToolCall", "Trajectory",
+    "TrajectoryGroup", "TrajectoryStore", "Transition", "VLLMPolicy", "VLLMServer", "__version__", "current_episode",
+    "episode", "import_demonstrations", "read_demonstrations", "record_demonstrations", "sampling", "sft", "wrap",
 ]
 """The public API, pinned: a name added or removed is a decision, made here."""
 

@@ -16,10 +16,10 @@ def test_demo_pipeline_runs_end_to_end(quick_demo):
     summary = json.loads((out / "results.json").read_text())
     assert list(summary["results"]) == ["base", "SFT", "SFT+RL"] == list(summary["validation"])
     assert "validation tasks, where the settings were chosen: base" in proc.stdout
-    assert summary["adapter"] == "demo-v3"  # v1 from SFT, v2-v3 from two GRPO iterations
+    assert summary["adapter"] == "demo-v2"  # demo-sft from SFT, v1-v2 from two GRPO iterations
     assert summary["sft"]["sft_loss_last"] < summary["sft"]["sft_loss_first"]
     assert (out / "reward_curve.png").stat().st_size > 1000
-    assert (out / "adapters" / "demo-v3" / "adapter_model.safetensors").is_file()
+    assert (out / "adapters" / "demo-v2" / "adapter_model.safetensors").is_file()
     assert list((out / "tb").iterdir())
     with TrajectoryStore(out / "trajectories.db") as store:
         assert store.count(run_id="demonstrations", status="complete") == 12
@@ -31,13 +31,13 @@ def test_demo_pipeline_runs_end_to_end(quick_demo):
         run_id = json.loads((out / "run.json").read_text())["run_id"]
         assert run_id.startswith("demo-")
         rl = store.trajectories(run_id=run_id)
-        assert len(rl) == 2 * 3 * 4 and {t.transitions[0].adapter for t in rl} >= {"demo-v1"}
-        for it in (2, 3):  # each iteration: one task of each kind, a group of 4 rollouts each
+        assert len(rl) == 2 * 3 * 4 and {t.transitions[0].adapter for t in rl} >= {"demo-sft"}
+        for it in (1, 2):  # each iteration: one task of each kind, a group of 4 rollouts each
             kinds = sorted(t.task_id.rsplit("-", 1)[0] for t in rl if t.metadata["iteration"] == it)
             assert kinds == sorted(["multiply", "lookup", "lookup_multiply"] * 4)
         (final,) = store.trajectories(run_id="final")
-        assert final.transitions[0].adapter == "demo-v3"
-    assert "the live agent, on demo-v3" in proc.stdout
+        assert final.transitions[0].adapter == "demo-v2"
+    assert "the live agent, on demo-v2" in proc.stdout
 
 
 def test_demo_with_no_grpo_iteration_reports_sft_alone_on_the_kinds_demonstrated(taught_model_dir, tmp_path):
@@ -49,9 +49,9 @@ def test_demo_with_no_grpo_iteration_reports_sft_alone_on_the_kinds_demonstrated
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "results.json").read_text())
     assert list(summary["results"]) == ["base", "SFT"] and "GRPO" not in summary["timings_s"]
-    assert summary["config"]["sft_epochs"] == 2 and summary["adapter"] == "demo-v1"
+    assert summary["config"]["sft_epochs"] == 2 and summary["adapter"] == "demo-sft"
     assert "reward curve" not in proc.stdout and not (out / "reward_curve.png").exists()
-    assert "the live agent, on demo-v1" in proc.stdout
+    assert "the live agent, on demo-sft" in proc.stdout
     assert summary["config"]["demonstrate"] == ["multiply", "multiply_chain", "lookup_and_multiply"]
     with TrajectoryStore(out / "trajectories.db") as store:  # 4 of each kind named, none of the others
         shown = sorted(t.task_id.rsplit("-", 1)[0] for t in store.trajectories(run_id="demonstrations"))

@@ -125,7 +125,7 @@ def test_role_slot_settings_are_checked(taught_model_dir, tmp_path):
 
 
 def test_sft_trains_each_roles_lora_on_that_roles_demonstrations(taught_model_dir, tmp_path):
-    from forge_bridge.trainer.sft import SFTConfig, supervised_finetune
+    from forge_bridge.trainer.sft import SFTConfig, sft
 
     policy = fb.LocalPolicy(str(taught_model_dir))
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(role_slots={"researcher": "researcher"}, lr=5e-3,
@@ -138,7 +138,7 @@ def test_sft_trains_each_roles_lora_on_that_roles_demonstrations(taught_model_di
                 rollout({"id": "paris"})
         demos = [t for t in trainer.recorder.store.trajectories() if t.role is not None]
         assert {t.role for t in demos} == {"researcher", "writer"}
-        result = supervised_finetune(trainer, demos, SFTConfig(epochs=3, lr=5e-3, batch_size=64))  # one batch: comparable losses
+        result = sft(trainer, demos, SFTConfig(epochs=3, lr=5e-3, batch_size=64))  # one batch: comparable losses
     finally:
         trainer.close()
     # the researcher's slot learned from its own trajectories, the writer (no slot of its own)
@@ -147,7 +147,7 @@ def test_sft_trains_each_roles_lora_on_that_roles_demonstrations(taught_model_di
     assert float(lora_B(trainer, "default").abs().max()) > 0
     assert result["sft_loss_last/researcher"] < result["sft_loss_first/researcher"]
     assert result["sft_loss_last/default"] < result["sft_loss_first/default"]
-    assert policy.current("researcher") == "crew-researcher-v1" and policy.current() == "crew-v1"
+    assert policy.current("researcher") == "crew-researcher-sft" and policy.current() == "crew-sft"
     policy.close()
 
 

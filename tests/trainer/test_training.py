@@ -6,7 +6,7 @@ import torch
 
 import forge_bridge as fb
 from forge_bridge.core.store import TrajectoryStore
-from forge_bridge.trainer.sft import SFTConfig, supervised_finetune
+from forge_bridge.trainer.sft import SFTConfig, sft
 
 import training_task
 
@@ -104,11 +104,11 @@ def test_sft_warm_start_fits_demonstrations(choice_model_dir, tmp_path):
     before = success_rate(rollout)
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(lr=3e-3, out_dir=str(tmp_path / "run"),
                                                    run_name="sft", progress=False))
-    result = supervised_finetune(trainer, recorder.store.trajectories(run_id="demos"), SFTConfig(epochs=8))
+    result = sft(trainer, recorder.store.trajectories(run_id="demos"), SFTConfig(epochs=8, lr=3e-3))
     after = success_rate(rollout)
     print(f"sft: success {before:.2f} -> {after:.2f}, loss {result['sft_loss_first']:.3f} -> "
           f"{result['sft_loss_last']:.3f}")
-    assert result["adapter"] == "sft-v1" == policy.current()
+    assert result["adapter"] == "sft-sft" == policy.current()
     assert result["sft_loss_last"] < result["sft_loss_first"]
     assert after >= before + 0.15
 

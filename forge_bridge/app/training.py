@@ -1,0 +1,216 @@
+"""Training one's own agent from the command line: `train` (probe, warm start, then RL), `probe`
+and `sft` on their own. The agent is the user's: `--rollout module:make_rollout` (a function
+policy -> rollout(task) -> reward) or `--agent-cmd` (a program per rollout), and `--tasks`
+names their tasks (each with a `kind` for the probe)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from forge_bridge.app.config_flags import config_kwargs
+from forge_bridge.core.errors import InvalidArgument
+
+TRAIN_FLAGS = ("group_size", "tasks_per_iteration", "concurrency", "gamma", "lr", "epochs",
+               "minibatch_size", "kl_beta", "lora_rank", "device", "gradient_checkpointing",
+               "run_name", "out_dir", "seed")
+"""TrainerConfig fields the `train` and `sft` commands take as flags."""
+
+
+def _load_attr(spec: str, what: str):
+    import importlib
+
+    module_name, _, attr = spec.partition(":")
+    if not attr:
+        raise InvalidArgument(f"{what}: expected 'module:name', got {spec!r}")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidArgument(f"{what}: cannot load {spec!r} ({exc})") from None
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import forge_bridge as fb
+    from forge_bridge.core.runs import set_aside
+
+    if args.new and args.resume:
+        print("forge-bridge train: --new and --resume exclude each other", file=sys.stderr)
+        return 2
+    if (args.rollout is None) == (args.agent_cmd is None):
+        print("forge-bridge train: give --rollout (a Python function) or --agent-cmd (a program)",
+              file=sys.stderr)
+        return 2
+    make_rollout = _load_attr(args.rollout, "--rollout") if args.rollout else None
+    tasks = _load_attr(args.tasks, "--tasks")
+    tasks = tasks() if callable(tasks) else tasks
+    config = (fb.GRPOConfig if args.algo == "grpo" else fb.PPOConfig)(**config_kwargs(args, TRAIN_FLAGS))
+    if args.new:
+        earlier = set_aside(config.out_dir)
+        if earlier is not None:
+            print(f"(the earlier run in {config.out_dir} was moved to {earlier})")
+    server = policy = None
+    try:
+        if args.vllm:
+            server = _vllm_server(args, config)
+            print(f"starting vLLM on {server.model} (log: {server.log_path}) ...", flush=True)
+            server.start()
+            policy = fb.VLLMPolicy(server.base_url, tool_format=server.tool_parser)
+        else:
+            policy = fb.LocalPolicy(args.model, device=config.device, tool_format=args.tool_format or "auto")
+        return _train(args, policy, config, make_rollout, tasks)
+    finally:
+        if policy is not None:
+            policy.close()
+        if server is not None:
+            server.stop()
+
+
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+"""The `--max-lora-rank` values vLLM accepts."""
+
+
+def _vllm_server(args: argparse.Namespace, config):
+    """A vLLM server for the run: LoRA on with room for the trainer's rank, the model family's
+    tool-call parser (the client parses what it leaves in the text in the same format), and on
+    a GPU the trainer's model on the same device, so vLLM takes half its memory, not 90 %."""
+    import torch
+
+    from forge_bridge.policies import models
+    from forge_bridge.policies.device import resolve_device
+    from forge_bridge.policies.vllm_server import VLLMServer
+
+    model_dir = models.model_path(args.model)
+    rank = next((r for r in VLLM_LORA_RANKS if r >= config.lora_rank), None)
+    if rank is None:
+        raise InvalidArgument(f"--lora-rank {config.lora_rank}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}")
+    shared_gpu = torch.cuda.is_available() and resolve_device(config.device).startswith("cuda")
+    return VLLMServer(model_dir, max_lora_rank=rank, tool_parser=args.tool_format or _template_format(model_dir),
+                      reasoning_parser=args.reasoning_parser, max_model_len=args.max_model_len,
+                      extra_args=["--gpu-memory-utilization", "0.45"] if shared_gpu else [])
+
+
+def _template_format(model_dir) -> str:
+    from forge_bridge.policies import models
+    from forge_bridge.policies.toolcalls import detect_format
+
+    return detect_format(models.load_tokenizer(model_dir).chat_template)
+
+
+def _train(args: argparse.Namespace, policy, config, make_rollout, tasks) -> int:
+    import forge_bridge as fb
+    from forge_bridge.core.errors import RunExistsError
+
+    trainer = (fb.GRPOTrainer if args.algo == "grpo" else fb.PPOTrainer)(policy, config, model=args.model)
+    if make_rollout is not None:
+        rollout = make_rollout(policy)
+    else:
+        from forge_bridge.serving.command_rollout import CommandRollout
+
+        rollout = CommandRollout(args.agent_cmd, policy, timeout_s=args.agent_timeout)
+    try:
+        fresh = not args.resume and not trainer.previous_run  # else train() resumes, or refuses the folder
+        if fresh and args.demos:
+            warm_start(args, trainer, make_rollout, rollout)
+        if fresh and not args.no_probe:
+            report = trainer.probe(rollout, tasks, kind_key=args.kind_key, require_kind=False)
+            print(f"signal probe ({report.group_size} rollouts of each of the {len(tasks)} tasks):\n{report}")
+            trainer.runlog.log_event("probe", report.metrics())
+        history = trainer.train(rollout, tasks, args.iterations, resume=args.resume)
+    except RunExistsError as exc:
+        print(f"forge-bridge train: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        trainer.close()
+        if make_rollout is None:
+            rollout.close()
+    last = history[-1] if history else {}
+    print(f"done: {trainer.iteration} iterations, live adapter {policy.current()}, last mean "
+          f"reward {last.get('reward_mean', float('nan')):.3f}; run folder {config.out_dir}")
+    return 0
+
+
+def demonstrations(args: argparse.Namespace, trainer, make_rollout, tasks) -> list:
+    """The demonstrations `--demos` names: 'tasks' (recorded through the agent from each task's
+    'demo' plan), a JSONL file of OpenAI conversations, or a trajectory store (.db)."""
+    import forge_bridge as fb
+
+    spec = args.demos
+    if spec == "tasks":
+        if make_rollout is None:
+            raise InvalidArgument("--demos tasks records through the agent: it needs --rollout, not --agent-cmd")
+        return fb.record_demonstrations(make_rollout, tasks, trainer.tokenizer, trainer.recorder,
+                                        concurrency=trainer.config.concurrency, progress=trainer.config.progress)
+    path = Path(spec)
+    if not path.is_file():
+        raise InvalidArgument(f"--demos: expected 'tasks', a .jsonl file or a .db store, got {spec!r} (no such file)")
+    if path.suffix == ".jsonl":
+        return fb.import_demonstrations(path, trainer.tokenizer, trainer.recorder)
+    with fb.TrajectoryStore(path, readonly=True) as store:
+        return fb.read_demonstrations(store, args.demos_run)
+
+
+def warm_start(args: argparse.Namespace, trainer, make_rollout, rollout) -> dict:
+    """SFT on `--demos`, checked greedily on `--held-out` tasks when given; published as '<run>-sft'."""
+    import forge_bridge as fb
+
+    tasks = _tasks(args.tasks)
+    demos = demonstrations(args, trainer, make_rollout, tasks)
+    held_out = _tasks(args.held_out) if args.held_out else None
+    config = fb.SFTConfig(**{k: v for k, v in (("epochs", args.sft_epochs), ("lr", args.sft_lr)) if v is not None})
+    result = fb.sft(trainer, demos, config, rollout=rollout if held_out else None, held_out=held_out,
+                    kind_key=args.kind_key)
+    print(f"SFT on {len(demos)} demonstrations ({result['sft_samples']} model calls): loss "
+          f"{result['sft_loss_first']:.3f} -> {result['sft_loss_last']:.3f}; published {result.get('adapter')}")
+    return result
+
+
+def _tasks(spec: str) -> list:
+    tasks = _load_attr(spec, "--tasks")
+    return list(tasks() if callable(tasks) else tasks)
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    """The warm start alone: a run folder whose checkpoint `train --resume` continues from."""
+    import forge_bridge as fb
+
+    make_rollout = _load_attr(args.rollout, "--rollout")
+    config = fb.GRPOConfig(**config_kwargs(args, TRAIN_FLAGS))
+    policy = fb.LocalPolicy(args.model, device=config.device, tool_format=args.tool_format or "auto")
+    trainer = fb.GRPOTrainer(policy, config, model=args.model)
+    try:
+        if trainer.previous_run:
+            print(f"forge-bridge sft: {config.out_dir} holds a run already; give another --out", file=sys.stderr)
+            return 2
+        warm_start(args, trainer, make_rollout, make_rollout(policy))
+    finally:
+        trainer.close()
+        policy.close()
+    print(f"adapter: {Path(config.out_dir) / 'adapters' / trainer.version_name('sft')}; continue with "
+          "forge-bridge train ... --resume")
+    return 0
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    """One group per task on the policy as it is (and `--adapter`): is there anything for GRPO?"""
+    import forge_bridge as fb
+    from forge_bridge.trainer.probe import probe
+
+    make_rollout = _load_attr(args.rollout, "--rollout")
+    tasks = _tasks(args.tasks)
+    policy = fb.LocalPolicy(args.model, tool_format=args.tool_format or "auto")
+    try:
+        if args.adapter:
+            policy.load_adapter(args.adapter, "probed")
+        with fb.TrajectoryStore(args.store) as store:
+            report = probe(make_rollout(policy), tasks, recorder=fb.Recorder(store), run_id="probe",
+                           group_size=args.group_size, kind_key=args.kind_key, greedy=args.greedy,
+                           concurrency=args.concurrency)
+    finally:
+        policy.close()
+    print(f"signal probe ({report.group_size} rollout(s) of each of the {len(tasks)} tasks, on "
+          f"{args.adapter or 'the base model'}):\n{report}")
+    return 0
+
+
+__all__ = ["TRAIN_FLAGS", "VLLM_LORA_RANKS", "cmd_probe", "cmd_sft", "cmd_train", "demonstrations", "warm_start"]
