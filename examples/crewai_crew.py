@@ -26,14 +26,13 @@ def lookup(city: str) -> str:
 def main() -> None:
     policy = fb.LocalPolicy("smollm2-135m-instruct")
     llm = ForgeLLM(policy, temperature=0.7, max_tokens=96)
-    researcher = Agent(role="researcher", goal="find facts", backstory="You look things up.",
-                       llm=llm, tools=[lookup], max_iter=3, verbose=False)
-    writer = Agent(role="writer", goal="write one sentence", backstory="You write.", llm=llm,
-                   max_iter=2, verbose=False)
-    find = Task(description="Find the population of Berlin.", expected_output="a number",
-                agent=researcher)
-    write = Task(description="Write one sentence about the population of Berlin.",
-                 expected_output="one sentence", agent=writer, context=[find])
+    researcher = Agent(role="researcher", goal="find facts", backstory="You look things up.", llm=llm, tools=[lookup],
+                       max_iter=3, verbose=False)
+    writer = Agent(role="writer", goal="write one sentence", backstory="You write.", llm=llm, max_iter=2,
+                   verbose=False)
+    find = Task(description="Find the population of Berlin.", expected_output="a number", agent=researcher)
+    write = Task(description="Write one sentence about the population of Berlin.", expected_output="one sentence",
+                 agent=writer, context=[find])
     crew = Crew(agents=[researcher, writer], tasks=[find, write], process=Process.sequential)
 
     recorder = fb.Recorder("runs/examples/crewai.db", run_id="crewai-example")

@@ -86,6 +86,9 @@ class TrainerConfig:
     """bf16 autocast for the update (None: where the device computes bf16 fast)."""
     gradient_checkpointing: bool = False
     """Recompute the decoder's activations in the backward pass: less memory, more time."""
+    max_memory_gb: float | None = None
+    """Peak memory the update may reach: each minibatch is cut into the largest microbatches that
+    fit (trainer/memory.py; `microbatch_size` still caps them). None: `microbatch_size` alone."""
     run_name: str = "run"
     """Adapter versions are published as '<run_name>-v<N>'."""
     out_dir: str = "runs/train"
@@ -135,6 +138,8 @@ class TrainerConfig:
         for name in ("gradient_checkpointing", "skip_uniform_groups", "merge_steps", "progress"):
             _check(isinstance(getattr(self, name), bool), name, "a bool", getattr(self, name))
         _check(self.bf16 is None or isinstance(self.bf16, bool), "bf16", "a bool or None", self.bf16)
+        _check(self.max_memory_gb is None or (_number(self.max_memory_gb) and self.max_memory_gb > 0),
+               "max_memory_gb", "a number > 0 (GiB) or None", self.max_memory_gb)
         _check(isinstance(self.run_name, str) and self.run_name.replace("-", "").replace("_", "").isalnum(),
                "run_name", "letters, digits, - and _", self.run_name)
 

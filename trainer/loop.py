@@ -38,6 +38,10 @@ if TYPE_CHECKING:
     from forge_bridge.trainer.probe import ProbeReport
 
 
+EAGER_MAX_LEN = 512
+"""On a CPU, batches up to this many tokens run eager attention, longer ones sdpa (`Trainer.attention`)."""
+
+
 class Trainer:
     """Shared machinery; `GRPOTrainer` and `PPOTrainer` supply `prepare` and `loss`."""
 
@@ -90,9 +94,9 @@ class Trainer:
         self.pad_id: int = self.tokenizer.pad_token_id or 0
         """What collated batches are padded with (masked out wherever it lands)."""
         base.to(self.device)
-        if str(self.device) == "cpu" and hasattr(base, "set_attn_implementation"):
-            # On a CPU, sdpa's backward is the slowest op of short-sequence updates; plain
-            # matmul attention is faster there (a third of the update with prefix sharing).
+        self.eager_up_to = EAGER_MAX_LEN if str(self.device) == "cpu" and hasattr(base, "set_attn_implementation") else 0
+        """Batches up to this many tokens run eager attention (see `attention`); 0: the model's own."""
+        if self.eager_up_to:
             base.set_attn_implementation("eager")
         if config.gradient_checkpointing:
             base.activation_checkpointing_enable({"use_reentrant": False})
@@ -118,6 +122,24 @@ class Trainer:
         self.base_lrs = {slot: [g["lr"] for g in opt.param_groups] for slot, opt in self.optimizers.items()}
         self.active_slot = DEFAULT_SLOT
         """The slot whose LoRA forward passes, updates and `optimizer` use now (`training`)."""
+        self.chunker = self._memory_budget(base, config)
+        """Cuts a minibatch's sorted lengths into microbatches within `max_memory_gb` (None: no budget)."""
+
+    def _memory_budget(self, base: Any, config: TrainerConfig):
+        """`max_memory_gb` as a chunker of sorted sequence lengths, checked now against one
+        sequence of `max_seq_len` tokens (an impossible budget is refused before any rollout)."""
+        if config.max_memory_gb is None:
+            return None
+        from functools import partial
+
+        from forge_bridge.trainer.memory import MemoryEstimate, chunk_by_budget, resident_gb
+
+        with torch.no_grad():  # every weight touched once: memory-mapped weights count from here on
+            self.model(input_ids=torch.zeros(1, 2, dtype=torch.long, device=self.device))
+        estimate = MemoryEstimate.for_model(base.config, resident_gb(self.device), self.eager_up_to,
+                                            config.gradient_checkpointing)
+        estimate.check(config.max_memory_gb, config.max_seq_len)
+        return partial(chunk_by_budget, estimate=estimate, budget_gb=config.max_memory_gb)
 
     # ------------------------------------------------------------------ what an algorithm supplies
     def make_extra_modules(self, hidden_size: int) -> dict[str, torch.nn.Module]:
@@ -303,10 +325,23 @@ class Trainer:
         """The samples as padded tensors on the trainer's device."""
         return collate(samples, self.pad_id, self.device)
 
+    def attention(self, length: int) -> None:
+        """Choose the attention for a batch of `length` tokens. On a CPU, sdpa's backward is the
+        slowest op of short-sequence updates and plain matmul (eager) attention is faster there (a
+        third of the update with prefix sharing), but eager keeps every head's [length, length]
+        weights for the backward pass: past `EAGER_MAX_LEN` tokens, sdpa's fused kernel, whose
+        memory grows with the length only."""
+        if self.eager_up_to:
+            base = self.model.get_base_model()
+            wanted = "eager" if length <= self.eager_up_to else "sdpa"
+            if base.config._attn_implementation != wanted:
+                base.set_attn_implementation(wanted)
+
     def score(self, batch: dict, with_entropy: bool = False
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(logp [B, T], hidden [B, T, H], entropy) of the batch under the model being trained, at
         each sample's sampling temperature."""
+        self.attention(batch["input_ids"].shape[1])
         with self.autocast():
             return token_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
                                   batch["loss_mask"], with_entropy, batch["temperature"],

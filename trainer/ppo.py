@@ -24,6 +24,7 @@ from forge_bridge.trainer.batch import build_samples
 from forge_bridge.trainer.config import PPOConfig
 from forge_bridge.trainer.loop import Trainer
 from forge_bridge.trainer.losses import policy_objective, value_loss
+from forge_bridge.trainer.update import microbatches
 
 VALUE_INPUT = "hidden state, detached, at unit L1 norm"
 """What the value head reads; recorded in checkpoints, whose heads only fit this input."""
@@ -101,8 +102,7 @@ class PPOTrainer(Trainer):
         values: dict[tuple[str, int], float] = {}
         with torch.no_grad():
             size = self.config.microbatch_size or self.config.minibatch_size
-            for start in range(0, len(samples), size):
-                chunk = samples[start:start + size]
+            for chunk, _ in microbatches(samples, size, "token", self.chunker):
                 batch = self.collate(chunk)
                 _, hidden, _ = self.score(batch)
                 v = read_values(head, hidden, batch["value_positions"])

@@ -8,7 +8,7 @@ negative log-likelihood of their completions.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -32,14 +32,16 @@ def sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def sft(trainer: Trainer, demonstrations: Sequence[Trajectory], config: SFTConfig = SFTConfig(), *,
-        rollout: Rollout | None = None, held_out: Sequence[Any] | None = None, kind_key: str = "kind") -> dict:
+        rollout: Rollout | None = None, held_out: Sequence[Any] | None = None, kind_key: str = "kind",
+        on_epoch: Callable[[int], None] | None = None) -> dict:
     """The warm start: fit `trainer`'s LoRA to the demonstrations (trajectories recorded through
     the agent, e.g. on a `ScriptedPolicy`, or read from the store) and publish it as version
     '<run>-sft' (not an RL iteration: GRPO's versions still count from v1), with a checkpoint a
     resumed run starts from. With `rollout` and `held_out` tasks, each is run greedily before and
     after the fit, and the result says whether the warm start learned anything
     (`held_out_base`, `held_out_sft`: success per kind). With per-role LoRAs (`role_slots`),
-    each role's demonstrations train its own LoRA (`sft_loss_first/<slot>`, ...)."""
+    each role's demonstrations train its own LoRA (`sft_loss_first/<slot>`, ...). `on_epoch(k)`
+    is called after each epoch k (from 1), the model in eval mode (per slot, with role slots)."""
     demonstrations = list(demonstrations)
     trajs = [t for t in demonstrations if t.transitions]
     if not trajs:
@@ -60,7 +62,8 @@ def sft(trainer: Trainer, demonstrations: Sequence[Trajectory], config: SFTConfi
         if not samples:
             continue
         with trainer.training(slot):
-            mine = _fit(trainer, samples, config, slot, desc="sft" if len(by_slot) == 1 else f"sft {slot}")
+            mine = _fit(trainer, samples, config, slot, desc="sft" if len(by_slot) == 1 else f"sft {slot}",
+                        on_epoch=on_epoch)
         result["sft_samples"] += stats.samples
         result["sft_tokens"] += stats.trained_tokens
         if len(by_slot) > 1:
@@ -98,7 +101,8 @@ def verdict(before: ProbeReport, after: ProbeReport) -> str:
     return "\n".join(lines)
 
 
-def _fit(trainer: Trainer, samples: list, config: SFTConfig, slot: str, desc: str) -> list[float]:
+def _fit(trainer: Trainer, samples: list, config: SFTConfig, slot: str, desc: str,
+         on_epoch: Callable[[int], None] | None = None) -> list[float]:
     """`config.epochs` passes of NLL steps on the LoRA of `slot` (active: `trainer.training`);
     the loss of every step."""
     from tqdm.auto import tqdm
@@ -110,11 +114,12 @@ def _fit(trainer: Trainer, samples: list, config: SFTConfig, slot: str, desc: st
     size = config.batch_size or trainer.config.minibatch_size
     steps = config.epochs * -(-len(samples) // size)
     with tqdm(total=steps, desc=desc, disable=not trainer.config.progress) as bar:
-        for _ in range(config.epochs):
+        for epoch in range(1, config.epochs + 1):
             order = list(range(len(samples)))
             trainer.rng.shuffle(order)
             for start in range(0, len(order), size):
                 batch = trainer.collate([samples[i] for i in order[start:start + size]])
+                trainer.attention(batch["input_ids"].shape[1])
                 with trainer.autocast():
                     logp, _, _ = token_logprobs(trainer.model, batch["input_ids"], batch["attention_mask"],
                                                 batch["loss_mask"], share_prefix=trainer.share_prefix)
@@ -126,6 +131,10 @@ def _fit(trainer: Trainer, samples: list, config: SFTConfig, slot: str, desc: st
                 losses.append(float(loss.detach()))
                 bar.update(1)
                 bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            if on_epoch is not None:
+                trainer.model.eval()
+                on_epoch(epoch)
+                trainer.model.train()
     trainer.model.eval()
     return losses
 

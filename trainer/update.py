@@ -8,7 +8,7 @@ first steps. The loss is the algorithm's (`Trainer.loss`); this module only runs
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
@@ -43,21 +43,22 @@ def score_old(trainer: "Trainer", samples: list[Sample]) -> None:
     """pi_old: the log-probabilities of every sample under the weights before this update."""
     size = trainer.config.microbatch_size or trainer.config.minibatch_size
     with torch.no_grad():
-        for start in range(0, len(samples), size):
-            chunk = samples[start:start + size]
+        for chunk, _ in microbatches(samples, size, "token", trainer.chunker):
             logp = trainer.score(trainer.collate(chunk))[0]
             for b, sample in enumerate(chunk):
                 sample.trainer_logprobs = logp[b, :len(sample.input_ids)].tolist()
 
 
-def microbatches(minibatch: Sequence[Sample], size: int | None, aggregation: str
-                 ) -> list[tuple[list[Sample], float]]:
+def microbatches(minibatch: Sequence[Sample], size: int | None, aggregation: str,
+                 chunker: Callable[[list[int]], list[list[int]]] | None = None) -> list[tuple[list[Sample], float]]:
     """The minibatch in chunks of `size` sequences (sorted by length: less padding, the same
     step), each with its weight: its share of the trained tokens ('token' aggregation) or of the
-    sequences with any ('sequence')."""
+    sequences with any ('sequence'). `chunker` (a memory budget: `memory.chunk_by_budget`) cuts
+    the sorted lengths into chunks first; `size` still caps each."""
     size = size or len(minibatch)
     by_length = sorted(minibatch, key=lambda s: len(s.input_ids))
-    chunks = [by_length[k:k + size] for k in range(0, len(by_length), size)]
+    groups = chunker([len(s.input_ids) for s in by_length]) if chunker else [list(range(len(by_length)))]
+    chunks = [[by_length[i] for i in group[k:k + size]] for group in groups for k in range(0, len(group), size)]
     if aggregation == "token":
         shares = [sum(sum(s.loss_mask) for s in c) for c in chunks]
     else:
@@ -72,7 +73,8 @@ def optimizer_step(trainer: "Trainer", minibatch: list[Sample]) -> dict[str, flo
     optimizer = trainer.optimizer
     optimizer.zero_grad(set_to_none=True)
     stats: dict[str, float] = {}
-    for chunk, weight in microbatches(minibatch, trainer.config.microbatch_size, trainer.config.loss_aggregation):
+    for chunk, weight in microbatches(minibatch, trainer.config.microbatch_size, trainer.config.loss_aggregation,
+                                      trainer.chunker):
         batch = trainer.collate(chunk)
         logp, hidden, entropy = trainer.score(batch, with_entropy=True)
         with trainer.autocast():

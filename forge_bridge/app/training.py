@@ -19,11 +19,16 @@ TRAIN_FLAGS = ("group_size", "tasks_per_iteration", "concurrency", "gamma", "lr"
 
 
 def _load_attr(spec: str, what: str):
+    """`module:name` from the user's code; the working directory is searched first, as uvicorn
+    and pytest do (the console script's own folder is on sys.path, the user's is not)."""
     import importlib
+    import os
 
     module_name, _, attr = spec.partition(":")
     if not attr:
         raise InvalidArgument(f"{what}: expected 'module:name', got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:

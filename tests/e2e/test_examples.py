@@ -4,6 +4,7 @@ user would run it, on the embedded model, and records what it says it records.""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,9 +25,40 @@ def test_the_langchain_example_runs_and_records_its_episodes(tmp_path):
     assert all(t.end_reason is not None and t.transitions and t.transitions[0].completion_token_ids for t in stored)
 
 
-def test_the_readme_names_only_excerpts_the_tests_run():
-    readme = (ROOT / "README.md").read_text()
-    excerpt = readme.split("ForgeMiddleware(policy, temperature=0.7, max_tokens=96)")[1].split("```")[0]
-    example = (ROOT / "examples" / "langchain_agent.py").read_text()
-    for line in (l.strip() for l in excerpt.splitlines() if l.strip() and not l.strip().startswith("#")):
-        assert line.rstrip(")]") in example or line in example, f"README line not in the example: {line}"
+def test_the_crewai_example_runs_and_records_one_trajectory_per_role(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "crewai_crew.py")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "crew answer:" in proc.stdout and "[researcher]" in proc.stdout and "[writer]" in proc.stdout
+    with fb.TrajectoryStore(tmp_path / "runs" / "examples" / "crewai.db") as store:
+        roles = {t.role for t in store.trajectories(run_id="crewai-example") if t.transitions}
+    assert roles == {"researcher", "writer"}
+
+
+def readme_blocks() -> list[tuple[str, str]]:
+    """Each Python block of the README with the paragraph that follows it."""
+    parts = (ROOT / "README.md").read_text().split("```python\n")[1:]
+    return [(part.split("```")[0], part.split("```", 1)[1].strip().split("\n\n")[0]) for part in parts]
+
+
+def squeeze(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+def test_every_python_block_of_the_readme_is_an_excerpt_of_a_file_the_tests_run():
+    tests = " ".join(p.read_text() for p in (ROOT / "tests").rglob("*.py"))
+    blocks = readme_blocks()
+    assert len(blocks) >= 4
+    for block, after in blocks:
+        named = re.match(r"\(an excerpt of `([^`]+)`", after)
+        assert named, f"say which file this README block is an excerpt of:\n{block}"
+        path = ROOT / named.group(1)
+        source = squeeze(path.read_text())
+        assert path.parent.name == "tests" or path.parent.parent.name == "tests" or path.name in tests, \
+            f"{path.name}: no test runs it"
+        for line in block.splitlines():
+            code = line.split("  #")[0].split("   #")[0].strip()
+            if not code or code.startswith("#"):
+                continue
+            code = re.sub(r",?\s*\.\.\.\)*$", "", code)  # "f(a, ...)": the rest of the call is elided
+            assert squeeze(code) in source, f"README line not in {named.group(1)}: {line}"

@@ -42,9 +42,9 @@ def choice_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def host(cluster, choice_dir):
     """The embedded model in a Ray actor: what every worker's agent calls."""
-    policy = RayPolicy.start(lambda: LocalPolicy(choice_dir))
-    yield policy
-    policy.close()
+    host = RayPolicy.start(lambda: LocalPolicy(choice_dir))
+    yield host
+    host.close()
 
 
 def success_rate(rollout, n: int = 96) -> float:
