@@ -204,11 +204,12 @@ class PPOConfig(TrainerConfig):
 class SFTConfig:
     """The supervised warm start on demonstrations (`fb.sft`)."""
 
-    epochs: int = 3
-    """Passes over the demonstrations."""
+    epochs: int = 4
+    """Passes over the demonstrations (with `lr`, chosen by a sweep on the default model:
+    docs/own-agent.md#the-warm-starts-defaults)."""
     lr: float = 1e-3
     """AdamW learning rate of the LoRA (the trainer's RL rate, 1e-4, leaves the default model
-    where it was on a few dozen demonstrations; docs/own-agent.md has the sweep)."""
+    where it was on a dozen demonstrations: the same sweep)."""
     batch_size: int | None = 8
     """Sequences per optimizer step (None: the trainer's `minibatch_size`)."""
     publish: bool = True

@@ -30,6 +30,7 @@ from forge_bridge.trainer import rollouts, runlog, update
 from forge_bridge.trainer.batch import BatchStats, Sample, collate, trained_tokens_per_step
 from forge_bridge.trainer.config import TrainerConfig
 from forge_bridge.trainer.logprobs import token_logprobs
+from forge_bridge.trainer import memory
 from forge_bridge.trainer.lora import adapter_parameters, attach_lora
 from forge_bridge.trainer.publish import Reference, publish_all, version_name
 from forge_bridge.trainer.rollouts import Rollout, TaskSchedule
@@ -122,24 +123,8 @@ class Trainer:
         self.base_lrs = {slot: [g["lr"] for g in opt.param_groups] for slot, opt in self.optimizers.items()}
         self.active_slot = DEFAULT_SLOT
         """The slot whose LoRA forward passes, updates and `optimizer` use now (`training`)."""
-        self.chunker = self._memory_budget(base, config)
+        self.chunker = memory.budget_chunker(self.model, base.config, config, self.device, self.eager_up_to)
         """Cuts a minibatch's sorted lengths into microbatches within `max_memory_gb` (None: no budget)."""
-
-    def _memory_budget(self, base: Any, config: TrainerConfig):
-        """`max_memory_gb` as a chunker of sorted sequence lengths, checked now against one
-        sequence of `max_seq_len` tokens (an impossible budget is refused before any rollout)."""
-        if config.max_memory_gb is None:
-            return None
-        from functools import partial
-
-        from forge_bridge.trainer.memory import MemoryEstimate, chunk_by_budget, resident_gb
-
-        with torch.no_grad():  # every weight touched once: memory-mapped weights count from here on
-            self.model(input_ids=torch.zeros(1, 2, dtype=torch.long, device=self.device))
-        estimate = MemoryEstimate.for_model(base.config, resident_gb(self.device), self.eager_up_to,
-                                            config.gradient_checkpointing)
-        estimate.check(config.max_memory_gb, config.max_seq_len)
-        return partial(chunk_by_budget, estimate=estimate, budget_gb=config.max_memory_gb)
 
     # ------------------------------------------------------------------ what an algorithm supplies
     def make_extra_modules(self, hidden_size: int) -> dict[str, torch.nn.Module]:

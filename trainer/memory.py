@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from functools import partial
+from typing import Any, Callable, Sequence
 
 from forge_bridge.core.errors import InvalidArgument
 
@@ -99,6 +100,22 @@ def chunk_by_budget(lengths: Sequence[int], estimate: MemoryEstimate, budget_gb:
     return chunks
 
 
+def budget_chunker(model: Any, model_config: Any, config: Any, device: Any, eager_up_to: int
+                   ) -> Callable[[list[int]], list[list[int]]] | None:
+    """`config.max_memory_gb` as a chunker of sorted sequence lengths for `update.microbatches`,
+    checked now against one sequence of `max_seq_len` tokens (an impossible budget is refused
+    before any rollout); None without a budget."""
+    if config.max_memory_gb is None:
+        return None
+    import torch
+
+    with torch.no_grad():  # every weight touched once: memory-mapped weights count from here on
+        model(input_ids=torch.zeros(1, 2, dtype=torch.long, device=device))
+    estimate = MemoryEstimate.for_model(model_config, resident_gb(device), eager_up_to, config.gradient_checkpointing)
+    estimate.check(config.max_memory_gb, config.max_seq_len)
+    return partial(chunk_by_budget, estimate=estimate, budget_gb=config.max_memory_gb)
+
+
 def resident_gb(device: object = "cpu") -> float:
     """What the process holds now: on a CUDA device the memory torch allocated there; else the
     resident set (Linux: /proc; elsewhere the peak so far)."""
@@ -117,4 +134,5 @@ def resident_gb(device: object = "cpu") -> float:
         return peak / (GiB if sys.platform == "darwin" else 2 ** 20)
 
 
-__all__ = ["ATTENTION_BYTES", "LINEAR_BYTES", "MemoryEstimate", "chunk_by_budget", "resident_gb"]
+__all__ = ["ATTENTION_BYTES", "CHECKPOINT_BYTES", "LINEAR_BYTES", "MemoryEstimate", "budget_chunker", "chunk_by_budget",
+           "resident_gb"]

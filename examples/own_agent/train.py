@@ -23,9 +23,9 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m-instruct", help="embedded name or a model directory")
     p.add_argument("--seed", type=int, default=0, help="the task split, sampling and training")
-    p.add_argument("--iterations", type=int, default=8, help="GRPO iterations")
+    p.add_argument("--iterations", type=int, default=6, help="GRPO iterations")
     p.add_argument("--group-size", type=int, default=8, help="rollouts per task in GRPO and the probe")
-    p.add_argument("--tasks-per-iteration", type=int, default=6)
+    p.add_argument("--tasks-per-iteration", type=int, default=5, help="tasks in each GRPO iteration")
     p.add_argument("--out", default="runs/own_agent", help="the run folder (a new one per run)")
     args = p.parse_args(argv)
 

@@ -212,7 +212,7 @@ def render_calls(content: str, calls: list[tuple[str, dict]], tool_format: str =
         return "; ".join(json.dumps({"name": n, "parameters": a}) for n, a in calls)
     if tool_format == "mistral":
         return content + TOOL_CALLS + json.dumps([{"name": n, "arguments": a} for n, a in calls])
-    raise ValueError(f"tool_format: expected one of {sorted(PARSERS)}, got {tool_format!r}")
+    raise InvalidArgument(f"tool_format: expected one of {sorted(PARSERS)}, got {tool_format!r}")
 
 
 def detect_format(chat_template: str | None) -> str:
