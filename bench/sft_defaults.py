@@ -1,10 +1,10 @@
 """The warm start's defaults (`SFTConfig.lr`, `.epochs`), measured on the own-agent template
 (examples/own_agent) with the default model.
 
-For each learning rate a fresh LoRA is fitted to the template's 12 demonstrations (batch 8) for
-up to `--epochs` passes; after each pass the adapter is published to the live agent and the
-template's training tasks (20, which SFT never sees: the validation split of this sweep) are run
-once each, greedily. The held-out tasks are not touched. The rule, fixed before the run: the
+For each learning rate a fresh LoRA is fitted to the template's 12 demonstrations (30 model
+calls, one sample each: `merge_steps` is off, as in the template; batch 8) for up to `--epochs`
+passes; after each pass the adapter is published to the live agent and the template's training
+tasks (20, which SFT never sees: the validation split of this sweep) are run once each, greedily. The held-out tasks are not touched. The rule, fixed before the run: the
 default is the (lr, epochs) with the highest validation success; a tie goes to fewer epochs,
 then to the lower rate. One seed (the template's split 0): a sweep, not a confidence interval.
 

@@ -51,7 +51,7 @@ def record_demonstrations(make_rollout: Callable[[Policy], rollouts.Rollout], ta
     try:
         groups, _ = rollouts.collect(make_rollout(policy), indexed, 0, recorder=recorder, run_id=run_id,
                                      group_size=1, concurrency=concurrency, success_threshold=success_threshold,
-                                     progress=progress)
+                                     progress=progress, desc="demonstrations")
     except rollouts.RolloutError:
         if not policy.problems:
             raise

@@ -26,11 +26,10 @@ from forge_bridge.core.errors import InvalidArgument, InvalidState, Unsupported,
 from forge_bridge.core.types import Trajectory, TrajectoryGroup
 from forge_bridge.policies.base import DEFAULT_SLOT, Policy
 from forge_bridge.policies.device import autocast, bf16_supported, resolve_device
-from forge_bridge.trainer import rollouts, runlog, update
+from forge_bridge.trainer import memory, rollouts, runlog, update
 from forge_bridge.trainer.batch import BatchStats, Sample, collate, trained_tokens_per_step
 from forge_bridge.trainer.config import TrainerConfig
 from forge_bridge.trainer.logprobs import token_logprobs
-from forge_bridge.trainer import memory
 from forge_bridge.trainer.lora import adapter_parameters, attach_lora
 from forge_bridge.trainer.publish import Reference, publish_all, version_name
 from forge_bridge.trainer.rollouts import Rollout, TaskSchedule

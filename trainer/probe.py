@@ -130,7 +130,8 @@ def probe(rollout: rollouts.Rollout, tasks: Sequence[Any], *, recorder: Recorder
 
     groups, _ = rollouts.collect(run, indexed, 0, recorder=recorder, run_id=run_id,
                                  group_size=1 if greedy else group_size, concurrency=concurrency,
-                                 success_threshold=success_threshold, progress=progress, policy=policy, seed=seed)
+                                 success_threshold=success_threshold, progress=progress, policy=policy, seed=seed,
+                                 desc=run_id)
     counts: dict[str, list[int]] = {kind: [0, 0, 0, 0] for kind in dict.fromkeys(kinds.values())}
     for group in groups:
         rewards = [float(t.reward or 0.0) for t in group.trajectories]

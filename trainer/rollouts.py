@@ -138,16 +138,17 @@ def run_threaded(rollout: Rollout, jobs: list[Job], *, recorder: Recorder, run_i
 def collect(rollout: Rollout | EpisodeRunner, tasks: list[tuple[str, Any]], it: int, *,
             recorder: Recorder, run_id: str, group_size: int, concurrency: int,
             success_threshold: float = 1.0, progress: bool = True,
-            policy: Any = None, seed: int | None = None) -> tuple[list[TrajectoryGroup], dict]:
+            policy: Any = None, seed: int | None = None, desc: str | None = None
+            ) -> tuple[list[TrajectoryGroup], dict]:
     """Run iteration `it`'s rollouts (here on threads, or through an `EpisodeRunner`); returns
     its trainable groups (one per task and role, each in rollout order) and statistics
     (episodes by end reason, mean reward, success rate). With `seed`, rollout k of a task gets
     an episode seed from (seed, it, task id, k): the same run samples the same rollouts
-    whatever the timing of the threads or workers."""
+    whatever the timing of the threads or workers. `desc`: the progress bar's label."""
     jobs = [Job(tid, task, f"{run_id}-it{it + 1}-{tid}", episode_metadata(task, it) | {"rollout": k},
                 None if seed is None else derive_seed(seed, "rollout", it, tid, k))
             for tid, task in tasks for k in range(group_size)]
-    desc = f"rollouts {it + 1}"
+    desc = desc or f"rollouts {it + 1}"
     if isinstance(rollout, EpisodeRunner):
         outcomes = rollout.run_episodes(jobs, policy=policy, recorder=recorder, run_id=run_id,
                                         desc=desc, progress=progress)

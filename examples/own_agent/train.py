@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> dict:
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
         group_size=args.group_size, tasks_per_iteration=args.tasks_per_iteration, lr=3e-4, warmup_steps=2,
         kl_beta=0.1, baseline="batch", skip_uniform_groups=False, minibatch_size=64, microbatch_size=8,
-        max_seq_len=768, merge_steps=True, concurrency=16, run_name="own", out_dir=args.out, seed=args.seed))
+        max_seq_len=768, concurrency=16, run_name="own", out_dir=args.out, seed=args.seed))
     try:
         # 1. Demonstrations: each demo task's plan replayed through your agent, kept if your checker passes it.
         demos = fb.record_demonstrations(make_rollout, demo_tasks, trainer.tokenizer, trainer.recorder)

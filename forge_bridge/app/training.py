@@ -47,8 +47,7 @@ def cmd_train(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     make_rollout = _load_attr(args.rollout, "--rollout") if args.rollout else None
-    tasks = _load_attr(args.tasks, "--tasks")
-    tasks = tasks() if callable(tasks) else tasks
+    tasks = _tasks(args.tasks)
     config = (fb.GRPOConfig if args.algo == "grpo" else fb.PPOConfig)(**config_kwargs(args, TRAIN_FLAGS))
     if args.new:
         earlier = set_aside(config.out_dir)

@@ -74,3 +74,23 @@ def test_the_same_step_under_a_budget_and_an_impossible_budget_refused(tmp_path)
     with pytest.raises(ValueError, match="max_memory_gb"):
         fb.GRPOConfig(max_memory_gb=0)
     policy.close()
+
+
+def test_long_batches_run_sdpa_and_score_as_eager_attention_does(tmp_path):
+    policy = fb.LocalPolicy(str(models.save(*models.tiny(), tmp_path / "tiny")))
+    trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(out_dir=str(tmp_path / "run"), progress=False, bf16=False))
+    batch = trainer.collate(samples(trainer.tokenizer.vocab_size))  # 14 tokens
+    base = trainer.model.get_base_model()
+    scores = {}
+    for eager_up_to in (1 << 30, 8):  # the second: 14 tokens count as long
+        trainer.eager_up_to = eager_up_to
+        trainer.model.zero_grad()
+        logp, _, _ = trainer.score(batch)
+        (logp * batch["loss_mask"]).sum().backward()
+        scores[base.config._attn_implementation] = (logp.detach(), [p.grad.clone() for p in trainer.model.parameters()
+                                                                    if p.requires_grad])
+    assert set(scores) == {"eager", "sdpa"}
+    torch.testing.assert_close(scores["sdpa"][0], scores["eager"][0], atol=1e-5, rtol=1e-4)
+    for a, b in zip(scores["sdpa"][1], scores["eager"][1]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-3)
+    policy.close()
