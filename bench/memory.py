@@ -4,7 +4,9 @@ issue 43's changes, each configuration in a process of its own (its peak residen
 - before: the log-softmax of every trained position's full vocabulary in float32, kept for the
   backward pass, and eager attention at every length (the code before 2026-12-04);
 - after: the sampled tokens' log-probabilities a chunk at a time (trainer/logprobs.py), and eager
-  attention only up to 512 tokens, sdpa's fused kernel past it (`Trainer.attention`).
+  attention only up to 512 tokens, sdpa's fused kernel past it (`Trainer.attention`);
+- checkpointed: after, with `gradient_checkpointing=True` (each layer's activations recomputed in
+  the backward pass; the lever for long sequences).
 
 Each update is one optimizer step on `microbatch` random sequences of `seq` tokens, a quarter of
 each trained (an agent's prompt is longer than its reply), LoRA r=16 on q,k,v,o, bf16 autocast,
@@ -61,8 +63,8 @@ def one(microbatch: int, seq: int, variant: str) -> dict:
         loop.EAGER_MAX_LEN = 1 << 30
     policy = fb.ScriptedPolicy(lambda messages, tools: "", models.load_tokenizer(MODEL))
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(minibatch_size=microbatch, microbatch_size=microbatch,
-                                                   max_seq_len=seq, out_dir=tempfile.mkdtemp(), progress=False),
-                             model=MODEL)
+                                                   max_seq_len=seq, out_dir=tempfile.mkdtemp(), progress=False,
+                                                   gradient_checkpointing=variant == "checkpointed"), model=MODEL)
     g = torch.Generator().manual_seed(0)
     trained = seq // 4
     samples = [Sample(input_ids=torch.randint(0, trainer.tokenizer.vocab_size, (seq,), generator=g).tolist(),
@@ -101,12 +103,15 @@ def peak_kb() -> int:
 def estimate_gb(microbatch: int, seq: int, variant: str) -> float:
     """A rough prior, to skip configurations that cannot fit (eager attention's length² term)."""
     eager = variant == "before" or seq <= 512
-    return 1.5 + microbatch * seq * (30 * 576 * 54 + (30 * 9 * 10 * seq if eager else 0)) / 2 ** 30
+    layers = 1 if variant == "checkpointed" else 30
+    linear = 30 * 576 * 8 + 576 * 54 if variant == "checkpointed" else 30 * 576 * 54
+    return 1.5 + microbatch * seq * (linear + (layers * 9 * 10 * seq if eager else 0)) / 2 ** 30
 
 
 def fit(rows: list[dict]) -> dict:
     """LINEAR_BYTES (per token, layer, hidden unit) from the sdpa rows, ATTENTION_BYTES (per row,
-    position², layer, head) from the eager ones."""
+    position², layer, head) from the eager ones, CHECKPOINT_BYTES (per token, layer, hidden unit
+    kept under activation checkpointing, beyond one layer's recompute) from the checkpointed ones."""
     after = [r for r in rows if r["variant"] == "after" and "peak_gb" in r]
     sdpa = [(r["peak_gb"] - r["resident_gb"]) * 2 ** 30 / (r["microbatch"] * r["seq"] * r["layers"] * r["hidden"])
             for r in after if r["seq"] > 512 and r["microbatch"] >= 4]
@@ -114,14 +119,19 @@ def fit(rows: list[dict]) -> dict:
     eager = [((r["peak_gb"] - r["resident_gb"]) * 2 ** 30 / (r["microbatch"] * r["seq"]) - linear * r["layers"]
               * r["hidden"]) / (r["seq"] * r["layers"] * r["heads"]) for r in after if r["seq"] <= 512
              and r["microbatch"] >= 4]
-    return {"LINEAR_BYTES": linear, "ATTENTION_BYTES": statistics.median(eager) if eager else float("nan")}
+    checkpointed = [((r["peak_gb"] - r["resident_gb"]) * 2 ** 30 / (r["microbatch"] * r["seq"] * r["hidden"]) - linear)
+                    / r["layers"] for r in rows if r["variant"] == "checkpointed" and "peak_gb" in r
+                    and r["seq"] > 512 and r["microbatch"] >= 4]
+    return {"LINEAR_BYTES": linear, "ATTENTION_BYTES": statistics.median(eager) if eager else float("nan"),
+            "CHECKPOINT_BYTES": statistics.median(checkpointed) if checkpointed else float("nan")}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--microbatch", type=int, nargs="+", default=[1, 4, 8, 16])
     p.add_argument("--seq", type=int, nargs="+", default=[512, 1024, 2048])
-    p.add_argument("--variants", nargs="+", default=["before", "after"], choices=["before", "after"])
+    p.add_argument("--variants", nargs="+", default=["before", "after", "checkpointed"],
+                   choices=["before", "after", "checkpointed"])
     p.add_argument("--limit-gb", type=float, default=20.0, help="skip configurations estimated above this")
     p.add_argument("--out", default="runs/memory.json")
     p.add_argument("--one", nargs=3, metavar=("MICROBATCH", "SEQ", "VARIANT"), help=argparse.SUPPRESS)
@@ -147,7 +157,7 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump({"rows": rows, "fit": coefficients}, f, indent=2)
     cell = {(r["microbatch"], r["seq"], r["variant"]): r for r in rows}
-    print("\npeak resident set of one update, GiB (before -> after)")
+    print(f"\npeak resident set of one update, GiB ({' -> '.join(args.variants)})")
     print("| microbatch | " + " | ".join(f"{s} tokens" for s in args.seq) + " |")
     print("| --- |" + " --- |" * len(args.seq))
     for mb in args.microbatch:

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m-instruct", help="embedded name or a model directory")
     p.add_argument("--seed", type=int, default=0, help="the task split, sampling and training")
-    p.add_argument("--iterations", type=int, default=6, help="GRPO iterations")
+    p.add_argument("--iterations", type=int, default=4, help="GRPO iterations")
     p.add_argument("--group-size", type=int, default=8, help="rollouts per task in GRPO and the probe")
     p.add_argument("--tasks-per-iteration", type=int, default=5, help="tasks in each GRPO iteration")
     p.add_argument("--out", default="runs/own_agent", help="the run folder (a new one per run)")
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> dict:
     rollout = make_rollout(policy)  # the one agent object: it serves every new adapter as it lands
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
         group_size=args.group_size, tasks_per_iteration=args.tasks_per_iteration, lr=3e-4, warmup_steps=2,
-        kl_beta=0.1, baseline="batch", skip_uniform_groups=False, minibatch_size=64, microbatch_size=8,
+        kl_beta=0.1, baseline="group", skip_uniform_groups=False, minibatch_size=64, microbatch_size=8,
         max_seq_len=768, concurrency=16, run_name="own", out_dir=args.out, seed=args.seed))
     try:
         # 1. Demonstrations: each demo task's plan replayed through your agent, kept if your checker passes it.
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> dict:
         warm = fb.sft(trainer, demos, fb.SFTConfig(), rollout=rollout, held_out=held_out)
         trainer.freeze_reference()  # GRPO's KL holds the policy near the warm start, not the base model
         # 3. The probe: does each kind of task give GRPO a success to compare? (docs/own-agent.md)
-        report = trainer.probe(rollout, tasks)
+        report = trainer.probe(rollout, tasks, group_size=4)
         print(f"signal probe, {report.group_size} rollouts of each training task:\n{report}")
         # 4. GRPO: each iteration's adapter (own-v1, own-v2, ...) is served to the same agent object.
         trainer.train(rollout, tasks, iterations=args.iterations)

@@ -28,7 +28,7 @@ def test_the_own_agent_template_runs_start_to_finish(taught_model_dir, tmp_path)
     assert set(results["base"]) == set(results["sft"]) == set(results["rl"]) == {"rate", "convert"}
     assert results["adapter"] == "own-v2" and set(results["probe"]) == {"rate", "convert"}
     assert "held-out check of the warm start, greedy (16 tasks)" in proc.stdout
-    assert "signal probe, 2 rollouts of each training task:" in proc.stdout
+    assert "signal probe, 4 rollouts of each training task:" in proc.stdout
     assert f"forge-bridge serve {taught_model_dir} --adapter {out}/adapters/own-v2" in proc.stdout
     for version in ("own-sft", "own-v1", "own-v2"):
         assert (out / "adapters" / version / "adapter_model.safetensors").is_file()
