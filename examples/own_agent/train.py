@@ -1,7 +1,7 @@
 """Train your own agent (agent.py) start to finish: demonstrations -> warm start -> signal probe
 -> GRPO -> held-out check -> serve back. Copy the folder, replace agent.py, keep this file.
 
-    .venv/bin/python examples/own_agent/train.py                # the embedded model, ~10 minutes on 2 cores
+    .venv/bin/python examples/own_agent/train.py                # the embedded model, ~17 minutes on 2 cores
     .venv/bin/python examples/own_agent/train.py --seed 1 --out runs/own_agent-1
 
 Everything lands in the run folder: the trajectories (trajectories.db, `forge-bridge inspect`),
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--model", default="smollm2-135m-instruct", help="embedded name or a model directory")
     p.add_argument("--seed", type=int, default=0, help="the task split, sampling and training")
     p.add_argument("--iterations", type=int, default=4, help="GRPO iterations")
-    p.add_argument("--group-size", type=int, default=8, help="rollouts per task in GRPO and the probe")
+    p.add_argument("--group-size", type=int, default=8, help="rollouts per task in GRPO (the probe takes 4)")
     p.add_argument("--tasks-per-iteration", type=int, default=5, help="tasks in each GRPO iteration")
     p.add_argument("--out", default="runs/own_agent", help="the run folder (a new one per run)")
     args = p.parse_args(argv)
