@@ -25,15 +25,15 @@ from typing import Any, Callable, Sequence
 from forge_bridge.core.errors import InvalidArgument
 
 GiB = 2 ** 30
-LINEAR_BYTES = 54.0
-"""Bytes kept per padded token, per layer and per hidden unit (bench/memory.py, fitted on the
-default model with bf16 autocast; docs/memory.md)."""
-ATTENTION_BYTES = 10.0
+LINEAR_BYTES = 120.0
+"""Bytes kept per padded token, per layer and per hidden unit (bench/memory.py on the default model
+with bf16 autocast measured 58–118; the largest, rounded up: a budget must not be overrun)."""
+ATTENTION_BYTES = 6.0
 """Bytes kept per (row, position, position), per layer and per head under eager attention
-(0 under sdpa's fused kernel; bench/memory.py)."""
-CHECKPOINT_BYTES = 8.0
+(bench/memory.py: eager minus sdpa at 1,024 tokens, 5.5; 0 under sdpa's fused kernel)."""
+CHECKPOINT_BYTES = 60.0
 """Under activation checkpointing: bytes kept per padded token, per layer and per hidden unit
-(each layer's input; one layer's activations at a time are recomputed; bench/memory.py)."""
+beyond one layer's recompute (bench/memory.py measured 31–59; the largest, rounded up)."""
 
 
 @dataclass(frozen=True)
