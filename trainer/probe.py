@@ -95,17 +95,13 @@ class ProbeReport:
 
 
 def kind_of(task: Any, key: str) -> str:
-    """A task's kind: `task[key]` (a dict) or `task.<key>`; a clear error when it has none."""
-    value = task.get(key) if isinstance(task, dict) else getattr(task, key, None)
+    """A task's kind: `rollouts.field_of(task, key)`; a clear error when it has none."""
+    value = rollouts.field_of(task, key)
     if not isinstance(value, (str, int)) or isinstance(value, bool) or value == "":
         raise InvalidArgument(f"probe: task {rollouts.task_id_of(task, 0)!r} has no {key!r} (got {value!r}); give "
                               f"every task a kind (task[{key!r}] = 'lookup', say), or name the field that "
                               "holds it with kind_key=...")
     return str(value)
-
-
-def _has_kind(task: Any, key: str) -> bool:
-    return (task.get(key) if isinstance(task, dict) else getattr(task, key, None)) is not None
 
 
 def probe(rollout: rollouts.Rollout, tasks: Sequence[Any], *, recorder: Recorder, run_id: str = "probe",
@@ -121,7 +117,7 @@ def probe(rollout: rollouts.Rollout, tasks: Sequence[Any], *, recorder: Recorder
     if not tasks:
         raise InvalidArgument("probe: expected at least one task")
     indexed = [(rollouts.task_id_of(t, i), t) for i, t in enumerate(tasks)]
-    kinds = {tid: kind_of(task, kind_key) if require_kind or _has_kind(task, kind_key) else "all"
+    kinds = {tid: kind_of(task, kind_key) if require_kind or rollouts.field_of(task, kind_key) is not None else "all"
              for tid, task in indexed}  # every task checked first
 
     def run(task: Any) -> float:

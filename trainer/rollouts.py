@@ -94,9 +94,14 @@ class EpisodeRunner(abc.ABC):
                      desc: str, progress: bool) -> list[Outcome]: ...
 
 
+def field_of(task: Any, key: str) -> Any:
+    """`task[key]` of a dict task, `task.<key>` of another; None when it has none."""
+    return task.get(key) if isinstance(task, dict) else getattr(task, key, None)
+
+
 def episode_metadata(task: Any, it: int) -> dict:
     """What every episode of iteration `it` is tagged with: the iteration, and the task's kind."""
-    kind = task.get("kind") if isinstance(task, dict) else getattr(task, "kind", None)
+    kind = field_of(task, "kind")
     return {"iteration": it + 1, **({"kind": str(kind)} if isinstance(kind, (str, int)) else {})}
 
 
@@ -225,5 +230,5 @@ def read_back(recorder: Recorder, run_id: str, jobs: list[Job], opened: list[str
         **{f"success/{kind}": sum(ok) / len(ok) for kind, ok in sorted(by_kind.items())}}
 
 
-__all__ = ["EpisodeRunner", "Job", "Outcome", "Rollout", "RolloutError", "TaskSchedule", "check_outcomes",
+__all__ = ["EpisodeRunner", "field_of", "Job", "Outcome", "Rollout", "RolloutError", "TaskSchedule", "check_outcomes",
            "check_reward", "collect", "read_back", "episode_metadata", "run_episode", "run_threaded", "task_id_of", "tasks_for"]
