@@ -32,11 +32,12 @@ if TYPE_CHECKING:  # what type checkers and IDEs see for the lazy names
     from forge_bridge.policies.vllm import VLLMPolicy
     from forge_bridge.policies.vllm_server import VLLMServer
     from forge_bridge.serving.gateway import Gateway
-    from forge_bridge.trainer.config import GRPOConfig, PPOConfig, SFTConfig
+    from forge_bridge.trainer.config import GRPOConfig, Guidance, PPOConfig, SFTConfig
     from forge_bridge.trainer.demonstrations import import_demonstrations, read_demonstrations, record_demonstrations
     from forge_bridge.trainer.grpo import GRPOTrainer
     from forge_bridge.trainer.ppo import PPOTrainer
     from forge_bridge.trainer.sft import sft
+    from forge_bridge.trainer.teacher import Teacher
 
 __version__ = "0.1.0"
 
@@ -51,6 +52,8 @@ _LAZY = {
     "GRPOConfig": "forge_bridge.trainer.config",
     "PPOConfig": "forge_bridge.trainer.config",
     "SFTConfig": "forge_bridge.trainer.config",
+    "Guidance": "forge_bridge.trainer.config",
+    "Teacher": "forge_bridge.trainer.teacher",
     "sft": "forge_bridge.trainer.sft",
     "record_demonstrations": "forge_bridge.trainer.demonstrations",
     "read_demonstrations": "forge_bridge.trainer.demonstrations",
@@ -72,9 +75,9 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Action", "AdapterError", "Environment", "Episode", "ForgeBridgeError", "GRPOConfig",
-    "GRPOTrainer", "Gateway", "LocalPolicy", "Observation", "PPOConfig", "PPOTrainer", "Policy",
+    "GRPOTrainer", "Gateway", "Guidance", "LocalPolicy", "Observation", "PPOConfig", "PPOTrainer", "Policy",
     "PolicyError", "PolicyOutput", "PolicyResponseError", "PolicyUnavailable", "Recorder",
-    "SFTConfig", "SchemaError", "ScriptedPolicy", "StepResult", "StepRewards", "StoreError", "ToolCall", "Trajectory", "TrajectoryGroup",
+    "SFTConfig", "SchemaError", "ScriptedPolicy", "StepResult", "StepRewards", "StoreError", "Teacher", "ToolCall", "Trajectory", "TrajectoryGroup",
     "TrajectoryStore", "Transition", "VLLMPolicy", "VLLMServer", "__version__", "current_episode",
     "episode", "import_demonstrations", "read_demonstrations", "record_demonstrations", "sampling", "sft", "wrap",
 ]

@@ -189,3 +189,14 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float,
         running = delta + gamma * lam * running
         adv[t] = running
     return adv, adv + values
+
+
+def distillation_rewards(student_logp: torch.Tensor, teacher_logp: torch.Tensor, beta: float) -> torch.Tensor:
+    """On-policy distillation's per-token reward: beta * (log pi_teacher - log pi_student) of each
+    token the student sampled, a one-sample estimate of minus the reverse KL(student || teacher)
+    at that position. Undiscounted (gamma = 0 for this term: each token is judged where it was
+    written), added to the token's outcome advantage.  [N], [N] -> [N]."""
+    if student_logp.shape != teacher_logp.shape:
+        raise InvalidArgument(f"distillation_rewards: {tuple(student_logp.shape)} student and "
+                              f"{tuple(teacher_logp.shape)} teacher log-probabilities (must match)")
+    return beta * (teacher_logp - student_logp)

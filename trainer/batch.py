@@ -42,6 +42,9 @@ class Sample:
     """The sampling temperature of its completions (1 where unknown or greedy)."""
     trainer_logprobs: list[float] | None = None
     """pi_old: the trainer's own logprobs before the update, when it had to compute them apart."""
+    loss_term: str = "policy"
+    """How the objective treats its completion tokens: 'policy' (its own samples: the clipped
+    surrogate), 'guide' (a guide trajectory's: shaped) or 'relabel' (a teacher's action: imitated)."""
 
 
 def scoring_temperature(temperature: float | None) -> float:
@@ -82,10 +85,14 @@ def cut_to(sample: Sample, max_len: int, stats: BatchStats) -> bool:
 def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[torch.Tensor],
                   max_len: int, merge: bool = False,
                   step_returns: Sequence[torch.Tensor] | None = None, span_weight: float = 0.0,
-                  step_spans: Sequence[Sequence[Sequence]] | None = None) -> tuple[list[Sample], BatchStats]:
+                  step_spans: Sequence[Sequence[Sequence]] | None = None,
+                  token_rewards: Sequence[Sequence[Sequence[float] | None]] | None = None
+                  ) -> tuple[list[Sample], BatchStats]:
     """trajectories[i] has S_i steps; step_advantages[i] (and step_returns[i]) are [S_i].
     `span_weight` scales the steps' span rewards into their tokens' advantages (0: the step's
-    advantage on every token): `step_spans[i][t]` where given, else `info['span_rewards']`."""
+    advantage on every token): `step_spans[i][t]` where given, else `info['span_rewards']`.
+    `token_rewards[i][t]`: a reward per completion token of step t added to its advantage
+    (on-policy distillation's; None: none). A guide trajectory's samples are marked 'guide'."""
     samples: list[Sample] = []
     stats = BatchStats()
     for i, traj in enumerate(trajectories):
@@ -98,9 +105,13 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
             spans = step_spans[i][s] if step_spans is not None else span_rewards(step)
             adv = token_advantages(float(step_advantages[i][s]), len(step.completion_token_ids), spans,
                                    span_weight).tolist()
+            extra = token_rewards[i][s] if token_rewards is not None else None
+            if extra is not None:
+                adv = [a + float(r) for a, r in zip(adv, extra, strict=True)]
             ret = float(step_returns[i][s]) if step_returns is not None else 0.0
             prompt, completion = step.prompt_token_ids, step.completion_token_ids
             temperature = scoring_temperature(step.temperature)
+            term = "guide" if traj.behaviour == "guide" else "policy"
             if (merge and current is not None and current.temperature == temperature
                     and prompt[:len(current.input_ids)] == current.input_ids):
                 gap = prompt[len(current.input_ids):]
@@ -120,7 +131,8 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
                              sampler_logprobs=[0.0] * len(prompt) + list(step.completion_logprobs),
                              advantages=[0.0] * len(prompt) + adv,
                              value_positions=[len(prompt) - 1], returns=[ret], steps=[(traj.id, s)],
-                             spans=[(len(prompt), len(prompt) + len(completion))], temperature=temperature)
+                             spans=[(len(prompt), len(prompt) + len(completion))], temperature=temperature,
+                             loss_term=term)
             samples.append(current)
     kept = [sample for sample in samples if cut_to(sample, max_len, stats)]
     stats.samples = len(kept)
@@ -141,8 +153,9 @@ def trained_tokens_per_step(samples: Sequence[Sample]) -> dict[tuple[str, int], 
 
 def collate(samples: Sequence[Sample], pad_id: int, device: str | None = None) -> dict[str, torch.Tensor]:
     """Right-padded tensors: input_ids, attention_mask, loss_mask, sampler_logprobs (recorded by
-    the policy that sampled), advantages [B, T], and trainer_logprobs [B, T] when every sample has
-    them; temperature [B]; value_positions, returns, value_mask [B, S_max]; on `device` (None: the CPU)."""
+    the policy that sampled), advantages, guide_mask and relabel_mask (1 on the tokens of samples
+    of that `loss_term`) [B, T], and trainer_logprobs [B, T] when every sample has them;
+    temperature [B]; value_positions, returns, value_mask [B, S_max]; on `device` (None: the CPU)."""
     B = len(samples)
     T = max(len(s.input_ids) for s in samples)
     S = max(max(len(s.value_positions) for s in samples), 1)
@@ -156,6 +169,8 @@ def collate(samples: Sequence[Sample], pad_id: int, device: str | None = None) -
         "returns": torch.zeros((B, S), dtype=torch.float32),
         "value_mask": torch.zeros((B, S), dtype=torch.float32),
         "temperature": torch.tensor([s.temperature for s in samples], dtype=torch.float32),
+        "guide_mask": torch.zeros((B, T), dtype=torch.float32),
+        "relabel_mask": torch.zeros((B, T), dtype=torch.float32),
     }
     if all(s.trainer_logprobs is not None for s in samples):
         out["trainer_logprobs"] = torch.zeros((B, T), dtype=torch.float32)
@@ -168,6 +183,8 @@ def collate(samples: Sequence[Sample], pad_id: int, device: str | None = None) -
         if "trainer_logprobs" in out:
             out["trainer_logprobs"][b, :n] = torch.tensor(s.trainer_logprobs)
         out["advantages"][b, :n] = torch.tensor(s.advantages)
+        if s.loss_term != "policy":
+            out[f"{s.loss_term}_mask"][b, :n] = 1.0
         k = len(s.value_positions)
         if k:
             out["value_positions"][b, :k] = torch.tensor(s.value_positions)

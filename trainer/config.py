@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields, is_dataclass
 
 from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.policies.device import check_device
@@ -144,7 +144,29 @@ class TrainerConfig:
                "run_name", "letters, digits, - and _", self.run_name)
 
     def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The settings as JSON-ready values (a nested config, such as `guidance`, as a dict)."""
+        return {f.name: asdict(v) if is_dataclass(v) else v for f in fields(self) for v in [getattr(self, f.name)]}
+
+
+@dataclass(frozen=True)
+class Guidance:
+    """Guide trajectories in GRPO groups the policy fails (LUFFY, arXiv 2504.14945)."""
+
+    below: float = 0.0
+    """A group is guided when its on-policy success rate is at or below this."""
+    k: int = 2
+    """Guide trajectories added to such a group."""
+    source: str = "demonstrations"
+    """'demonstrations' (the teacher's recorded ones of the same task) or 'teacher' (the teacher's
+    rollouts of the task through the same agent, recorded like the student's)."""
+    shaping: float = 0.1
+    """gamma of the guide tokens' weight f(pi) = pi / (pi + gamma), in place of the clipped ratio."""
+
+    def __post_init__(self) -> None:
+        _check(_number(self.below) and 0 <= self.below <= 1, "below", "a success rate in [0, 1]", self.below)
+        _check(isinstance(self.k, int) and not isinstance(self.k, bool) and self.k >= 1, "k", "an int >= 1", self.k)
+        _check(self.source in ("demonstrations", "teacher"), "source", "'demonstrations' or 'teacher'", self.source)
+        _check(_number(self.shaping) and self.shaping > 0, "shaping", "a number > 0", self.shaping)
 
 
 @dataclass(frozen=True)
@@ -165,9 +187,23 @@ class GRPOConfig(TrainerConfig):
     span_baseline: str = "none"
     """Span rewards as recorded ('none'), or each keyed one minus the mean over the rollouts compared
     of their value for its key, 0 where a rollout has none ('group': `centre_span_rewards`)."""
+    guidance: Guidance | None = None
+    """Add a teacher's guide trajectories to groups the policy fails (needs `GRPOTrainer(teacher=)`)."""
+    distill_beta: float = 0.0
+    """On-policy distillation: each sampled token's advantage gains distill_beta * (log pi_teacher -
+    log pi_student), the reverse KL to the teacher as a per-token reward (0: off; needs a teacher
+    that scores tokens in the student's vocabulary)."""
+    relabel_weight: float = 0.0
+    """DAgger: on steps of failed rollouts, the teacher's own action there is imitated, weighted
+    by this against the policy-gradient terms (0: off)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _check(self.guidance is None or isinstance(self.guidance, Guidance), "guidance", "a Guidance or None",
+               self.guidance)
+        for name in ("distill_beta", "relabel_weight"):
+            _check(_number(getattr(self, name)) and 0 <= getattr(self, name) < math.inf, name,
+                   "a finite number >= 0", getattr(self, name))
         _check(self.baseline in ("group", "batch"), "baseline", "'group' or 'batch'", self.baseline)
         _check(self.span_baseline in ("none", "group"), "span_baseline", "'none' or 'group'", self.span_baseline)
         _check(self.credit in ("anchor", "trajectory"), "credit", "'anchor' or 'trajectory'", self.credit)
@@ -225,4 +261,4 @@ class SFTConfig:
         _check(isinstance(self.publish, bool), "publish", "a bool", self.publish)
 
 
-__all__ = ["GRPOConfig", "PPOConfig", "SFTConfig", "TrainerConfig"]
+__all__ = ["GRPOConfig", "Guidance", "PPOConfig", "SFTConfig", "TrainerConfig"]

@@ -51,7 +51,7 @@ def record_demonstrations(make_rollout: Callable[[Policy], rollouts.Rollout], ta
     try:
         groups, _ = rollouts.collect(make_rollout(policy), indexed, 0, recorder=recorder, run_id=run_id,
                                      group_size=1, concurrency=concurrency, success_threshold=success_threshold,
-                                     progress=progress, desc="demonstrations")
+                                     progress=progress, desc="demonstrations", behaviour="demonstration")
     except rollouts.RolloutError:
         if not policy.problems:
             raise
@@ -98,7 +98,8 @@ def import_demonstrations(path: str | Path, tokenizer: Any, recorder: Recorder, 
         turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
         replies = [_step_of(messages[k], f"{path}:{n}") for k in turns]
         policy = ScriptedPolicy(lambda m, t, r=iter(replies): next(r), tokenizer, tool_format)
-        with recorder.episode(f"{path.stem}-{n}", run_id=run_id, metadata={"source": f"{path.name}:{n}"}) as ep:
+        with recorder.episode(f"{path.stem}-{n}", run_id=run_id, metadata={"source": f"{path.name}:{n}"},
+                              behaviour="demonstration") as ep:
             for k in turns:
                 prompt = messages[:k]
                 ep.record(transition_of(policy.chat(prompt, tools, temperature=0, max_tokens=4096), prompt, tools,

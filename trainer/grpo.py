@@ -8,6 +8,10 @@ from the same observation, wherever they occur), on a clipped surrogate.
     advantage A_t  = A_ep + step_weight * A_st           (A_ep alone on a step with no sibling)
     token     A_t + span_weight * the span rewards it lies in (span_baseline='group': minus their key's mean)
     loss      clipped surrogate on each completion token, + kl_beta * KL to the reference
+
+With a teacher (`trainer/teacher.py`): guide trajectories join failed groups before the
+advantages (their tokens shaped, not clipped), distillation adds distill_beta * (log pi_teacher -
+log pi_student) to each sampled token's advantage, and relabelled states add an imitation term.
 """
 
 from __future__ import annotations
@@ -25,10 +29,12 @@ from forge_bridge.trainer.advantages import (
     episode_advantages,
     step_rewards,
 )
-from forge_bridge.trainer.batch import build_samples, span_rewards
+from forge_bridge.trainer import teacher as teaching
+from forge_bridge.trainer.batch import Sample, build_samples, span_rewards
 from forge_bridge.trainer.config import GRPOConfig
 from forge_bridge.trainer.loop import Trainer
 from forge_bridge.trainer.losses import policy_objective
+from forge_bridge.trainer.teacher import Teacher, check_teacher
 
 
 def state_key(traj: Trajectory, t: int) -> Hashable:
@@ -97,7 +103,51 @@ def has_span_signal(spans: Sequence[Sequence[Sequence]]) -> bool:
 
 
 class GRPOTrainer(Trainer):
+    """GRPO; with a `teacher` (`trainer/teacher.py`), guided groups, distillation and relabelling."""
+
     config: GRPOConfig
+
+    def __init__(self, policy, config: GRPOConfig, *, teacher: Teacher | None = None, **kwargs) -> None:
+        super().__init__(policy, config, **kwargs)
+        self.teacher: Teacher | None = None
+        """Who guides the policy where it fails (None: on-policy GRPO alone)."""
+        if teacher is not None:
+            self.use_teacher(teacher)
+
+    def use_teacher(self, teacher: Teacher) -> None:
+        """Guide with this teacher from the next iteration (e.g. once the warm start recorded
+        the demonstrations it draws guides from); one that cannot give what the config asks
+        (`guidance`, `distill_beta`, `relabel_weight`) is refused, naming what is missing."""
+        check_teacher(teacher, self.config, self.tokenizer)
+        self.teacher = teacher
+
+    def train(self, rollout, tasks, iterations, *, resume=False):
+        check_teacher(self.teacher, self.config, self.tokenizer)  # before any rollout: nothing runs without one
+        return super().train(rollout, tasks, iterations, resume=resume)
+
+    def collect(self, rollout, tasks, it):
+        groups, stats = super().collect(rollout, tasks, it)  # the policy's own: the metrics are theirs alone
+        if self.config.guidance is None:
+            return groups, stats
+        groups, guided = teaching.guide(self, groups, tasks, it)
+        return groups, {**stats, **guided}
+
+    def teach(self, groups: list[TrajectoryGroup]) -> tuple[list[Sample], dict]:
+        """The teacher's signals on the policy's own trajectories, every group's (a group that
+        failed alike is where they matter most): the teacher's log-probabilities of their tokens
+        (`step_teacher`, for distillation) and relabelled samples."""
+        trajectories = [t for g in groups for t in g.trajectories]
+        samples, stats = [], {}
+        self.step_teacher = {}
+        if self.config.distill_beta > 0:
+            self.step_teacher, failed = teaching.teacher_logprobs(self.teacher.policy, trajectories)
+            stats["distill_unscored_steps"] = failed
+        if self.config.relabel_weight > 0:
+            acting = teaching.acting_policy(self.teacher.policy, self.tokenizer, getattr(self.policy, "tool_format", "auto"))
+            samples, relabelled = teaching.relabel_samples(acting, trajectories, self.config.success_threshold,
+                                                          self.config.max_seq_len, self.config.concurrency)
+            stats |= relabelled
+        return samples, stats
 
     def prepare(self, groups):
         advantages = grpo_advantages(groups, self.config)
@@ -108,23 +158,32 @@ class GRPOTrainer(Trainer):
         signal = [any(a.numel() > 0 and float(a.abs().max()) > 1e-6 for a in advs)
                   or (self.config.span_weight > 0 and has_span_signal(sp))
                   for advs, sp in zip(advantages, spans)]
-        skip = self.config.skip_uniform_groups and self.config.baseline == "group"
+        # distillation's per-token reward is a signal of its own, in every group
+        skip = self.config.skip_uniform_groups and self.config.baseline == "group" and self.config.distill_beta == 0
         keep = signal if skip else [True] * len(groups)
         kept = [g for g, k in zip(groups, keep) if k]
         trajectories = [t for group in kept for t in group.trajectories]
         flat = [a for advs, k in zip(advantages, keep) if k for a in advs]
         flat_spans = [sp for group_spans, k in zip(spans, keep) if k for sp in group_spans]
+        relabelled, taught = self.teach(groups)
+        token_rewards = None
+        if self.config.distill_beta > 0:
+            token_rewards, taught["distill_log_ratio"] = teaching.distillation_token_rewards(
+                trajectories, self.step_teacher, self.config.distill_beta)
         samples, stats = build_samples(trajectories, flat, self.config.max_seq_len, self.config.merge_steps,
-                                       span_weight=self.config.span_weight, step_spans=flat_spans)
-        first = [float(a[0]) for a in flat if len(a)]
+                                       span_weight=self.config.span_weight, step_spans=flat_spans,
+                                       token_rewards=token_rewards)
+        samples += relabelled
+        first = [float(a[0]) for a, t in zip(flat, trajectories) if len(a) and t.behaviour == "policy"]
         uniform = len(groups) - sum(signal)
         return samples, stats, {"groups_trained": sum(signal), "groups_uniform": uniform,
                                 "zero_signal_share": uniform / len(groups) if groups else 1.0,
-                                "advantage_abs_mean_step0": sum(map(abs, first)) / max(len(first), 1)}
+                                "advantage_abs_mean_step0": sum(map(abs, first)) / max(len(first), 1), **taught}
 
     def loss(self, logp, hidden, batch):
         return policy_objective(logp, self.old_logprobs(logp, batch), batch["sampler_logprobs"], batch["advantages"],
-                                batch["loss_mask"], self.reference_logprobs(batch), self.config)
+                                batch["loss_mask"], self.reference_logprobs(batch), self.config,
+                                batch.get("guide_mask"), batch.get("relabel_mask"))
 
 
 __all__ = ["GRPOTrainer", "action_key", "grpo_advantages", "grpo_span_rewards", "state_key"]

@@ -82,6 +82,8 @@ class Trainer:
             indent=1, default=str))  # out_dir may be a Path
         self.step_advantages: dict[tuple[str, int], float] = {}
         """(trajectory id, step) -> the advantage `prepare` computed for the current iteration."""
+        self.step_teacher: dict[tuple[str, int], list[float]] = {}
+        """(trajectory id, step) -> the teacher's log-probabilities of its tokens (distillation)."""
         self.iteration = 0
         self.runlog = runlog.RunLog(self.out, self.run_id)
 
@@ -297,7 +299,7 @@ class Trainer:
         untrainable) -- so `forge-bridge inspect` shows exactly what the update saw."""
         trained = trained_tokens_per_step(samples)
         self.recorder.store.record_credit(iteration, [
-            (t.id, k, self.step_advantages.get((t.id, k)), trained.get((t.id, k), 0))
+            (t.id, k, self.step_advantages.get((t.id, k)), trained.get((t.id, k), 0), self.step_teacher.get((t.id, k)))
             for group in groups for t in group.trajectories for k in range(len(t.transitions))])
 
     # ------------------------------------------------------------------ scoring

@@ -28,27 +28,48 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token") 
     raise InvalidArgument(f"mode: expected 'token' or 'sequence', got {mode!r}")
 
 
+def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip_low: float = 0.2,
+                      clip_high: float = 0.2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate per token: -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A),
+    r = exp(logp - old_logp) against the policy before this update (pi_old).
+    All inputs [B, T] -> (per-token loss, ratio, whether the clipped term was active) [B, T]."""
+    ratio = torch.exp(logp - old_logp)  # [B, T]
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    return -torch.minimum(unclipped, clipped), ratio, (clipped < unclipped).detach()
+
+
 def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                         mask: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.2,
                         is_weights: torch.Tensor | None = None, mode: str = "token"
                         ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO's clipped surrogate: -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A), r = exp(logp -
-    old_logp) against the policy before this update (pi_old, as the trainer computes it), each
-    token weighted by `is_weights` (the truncated importance weights of `tis_weights`; None: 1).
+    """The clipped surrogate (`clipped_surrogate`) over the masked tokens, each weighted by
+    `is_weights` (the truncated importance weights of `tis_weights`; None: 1).
     All inputs [B, T] -> (scalar loss, stats)."""
-    ratio = torch.exp(logp - old_logp)  # [B, T]
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
-    per_token = -torch.minimum(unclipped, clipped)  # [B, T]
+    per_token, ratio, was_clipped = clipped_surrogate(logp, old_logp, advantages, clip_low, clip_high)
     if is_weights is not None:
         per_token = per_token * is_weights.detach()
     loss = aggregate(per_token, mask, mode)
     m = mask.bool()
-    with torch.no_grad():
-        was_clipped = (clipped < unclipped) & m  # the clipped term is active: no gradient there
-        stats = {"clip_fraction": float(was_clipped.sum() / m.sum().clamp(min=1)),
+    with torch.no_grad():  # where the clipped term is active there is no gradient
+        stats = {"clip_fraction": float((was_clipped & m).sum() / m.sum().clamp(min=1)),
                  "ratio_mean": float(ratio[m].mean()) if m.any() else 1.0}
     return loss, stats
+
+
+def shaping_weight(logp: torch.Tensor, gamma: float) -> torch.Tensor:
+    """LUFFY's policy shaping of off-policy (guide) tokens: f(pi) = pi / (pi + gamma), pi =
+    exp(logp) under the current policy. Its gradient, gamma / (pi + gamma)^2 * grad pi, is the
+    plain likelihood's amplified up to 1/gamma on unlikely tokens (where grad pi = pi * grad log
+    pi would barely move them), yet bounded (log pi's 1/pi is not).  [B, T] -> [B, T]."""
+    p = torch.exp(logp)
+    return p / (p + gamma)
+
+
+def guide_policy_loss(logp: torch.Tensor, advantages: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Per-token loss on guide tokens, whose sampler is not the policy (no ratio to clip):
+    -f(pi) * A with f = `shaping_weight`.  [B, T] -> [B, T]."""
+    return -shaping_weight(logp, gamma) * advantages
 
 
 def tis_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float) -> torch.Tensor:
@@ -73,31 +94,56 @@ def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) 
 
 def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, sampler_logp: torch.Tensor,
                      advantages: torch.Tensor, mask: torch.Tensor, ref_logp: torch.Tensor | None,
-                     config: Any) -> tuple[torch.Tensor, dict[str, float]]:
-    """The whole policy objective GRPO and PPO train: the clipped surrogate of `clipped_policy_loss`
-    on each token, weighted by the truncated importance weight min(pi_old / pi_sampler,
-    `config.tis_cap`) (None: 1), plus `config.kl_beta` times the k3 KL to the reference
-    (`ref_logp`; needed only when kl_beta > 0). Without a KL term the KL to the sampler is
-    logged instead (a cheap drift gauge). `config`: a TrainerConfig (clip_low, clip_high,
-    tis_cap, kl_beta, loss_aggregation).
+                     config: Any, guide_mask: torch.Tensor | None = None,
+                     relabel_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The whole policy objective GRPO and PPO train, per masked token by whose it is:
 
-    logp, old_logp, sampler_logp, advantages, mask, ref_logp: [B, T] -> (scalar loss, stats:
-    clip_fraction, ratio_mean, sampler_logp_gap, tis_weight_mean, kl)."""
+    - the policy's own tokens: the clipped surrogate of `clipped_surrogate`, weighted by the
+      truncated importance weight min(pi_old / pi_sampler, `config.tis_cap`) (None: 1);
+    - guide tokens (`guide_mask`, a teacher's or a demonstration's in a GRPO group):
+      -f(pi) * A with f(pi) = pi / (pi + `config.guidance.shaping`) (`guide_policy_loss`);
+    - relabelled tokens (`relabel_mask`, the teacher's action at a state the policy failed
+      from): -`config.relabel_weight` * log pi (imitation);
+
+    averaged over every masked token (`config.loss_aggregation`), plus `config.kl_beta` times
+    the k3 KL to the reference (`ref_logp`; needed only when kl_beta > 0) over the policy's own
+    tokens. Without a KL term the KL to the sampler is logged instead (a cheap drift gauge).
+    `config`: a TrainerConfig (clip_low, clip_high, tis_cap, kl_beta, loss_aggregation; GRPO's
+    guidance and relabel_weight where those masks are given).
+
+    logp, old_logp, sampler_logp, advantages, mask, ref_logp, guide_mask, relabel_mask: [B, T] ->
+    (scalar loss, stats: clip_fraction, ratio_mean, sampler_logp_gap, tis_weight_mean, kl, and
+    guide_weight_mean where guide tokens are present)."""
     mode = config.loss_aggregation
+    mask = mask.float()
+    guide = torch.zeros_like(mask) if guide_mask is None else guide_mask.float() * mask
+    relabel = torch.zeros_like(mask) if relabel_mask is None else relabel_mask.float() * mask
+    own = mask * (1 - guide) * (1 - relabel)  # [B, T]: the policy's own sampled tokens
+    per_token, ratio, was_clipped = clipped_surrogate(logp, old_logp, advantages, config.clip_low, config.clip_high)
     weights = None if config.tis_cap is None else tis_weights(old_logp, sampler_logp, config.tis_cap)
-    loss, stats = clipped_policy_loss(logp, old_logp, advantages, mask, config.clip_low, config.clip_high,
-                                      weights, mode)
-    m = mask.bool()
+    if weights is not None:
+        per_token = per_token * weights
+    per_token = per_token * own
+    if guide.any():
+        per_token = per_token + guide_policy_loss(logp, advantages, config.guidance.shaping) * guide
+    if relabel.any():
+        per_token = per_token - config.relabel_weight * logp * relabel
+    loss = aggregate(per_token, mask, mode)
+    m, g = own.bool(), guide.bool()
     with torch.no_grad():
-        stats["sampler_logp_gap"] = float((old_logp - sampler_logp)[m].abs().mean()) if m.any() else 0.0
+        stats = {"clip_fraction": float((was_clipped & m).sum() / m.sum().clamp(min=1)),
+                 "ratio_mean": float(ratio[m].mean()) if m.any() else 1.0,
+                 "sampler_logp_gap": float((old_logp - sampler_logp)[m].abs().mean()) if m.any() else 0.0}
         if weights is not None:
             stats["tis_weight_mean"] = float(weights[m].mean()) if m.any() else 1.0
+        if g.any():
+            stats["guide_weight_mean"] = float(shaping_weight(logp, config.guidance.shaping)[g].mean())
     if config.kl_beta > 0:
         if ref_logp is None:
             raise InvalidArgument("policy_objective: kl_beta > 0 needs the reference's log-probabilities (ref_logp)")
-        kl = aggregate(kl_k3(logp, ref_logp), mask, mode)
+        kl = aggregate(kl_k3(logp, ref_logp), own, mode)
         stats["kl"] = float(kl.detach())
         return loss + config.kl_beta * kl, stats
     with torch.no_grad():
-        stats["kl"] = float(aggregate(kl_k3(logp, sampler_logp), mask))
+        stats["kl"] = float(aggregate(kl_k3(logp, sampler_logp), own))
     return loss, stats

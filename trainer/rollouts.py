@@ -72,6 +72,8 @@ class Job:
     metadata: dict
     seed: int | None = None
     """The episode's seed: its sampled calls do not depend on which others shared a batch."""
+    behaviour: str = "policy"
+    """Whose behaviour the episode records (`BEHAVIOURS`): a guide's rollouts are never on-policy."""
 
 
 @dataclass
@@ -109,7 +111,8 @@ def run_episode(rollout: Rollout, job: Job, recorder: Recorder, run_id: str) -> 
     """Run the agent on one task inside an episode it opens; the episode records every model
     call and ends with the reward, or with how the rollout failed."""
     outcome = Outcome()
-    ep = recorder.episode(job.task_id, job.group_id, run_id=run_id, metadata=job.metadata, seed=job.seed)
+    ep = recorder.episode(job.task_id, job.group_id, run_id=run_id, metadata=job.metadata, seed=job.seed,
+                          behaviour=job.behaviour)
     try:
         with ep:
             value = rollout(job.task)
@@ -143,15 +146,16 @@ def run_threaded(rollout: Rollout, jobs: list[Job], *, recorder: Recorder, run_i
 def collect(rollout: Rollout | EpisodeRunner, tasks: list[tuple[str, Any]], it: int, *,
             recorder: Recorder, run_id: str, group_size: int, concurrency: int,
             success_threshold: float = 1.0, progress: bool = True,
-            policy: Any = None, seed: int | None = None, desc: str | None = None
-            ) -> tuple[list[TrajectoryGroup], dict]:
+            policy: Any = None, seed: int | None = None, desc: str | None = None,
+            behaviour: str = "policy") -> tuple[list[TrajectoryGroup], dict]:
     """Run iteration `it`'s rollouts (here on threads, or through an `EpisodeRunner`); returns
     its trainable groups (one per task and role, each in rollout order) and statistics
     (episodes by end reason, mean reward, success rate). With `seed`, rollout k of a task gets
     an episode seed from (seed, it, task id, k): the same run samples the same rollouts
-    whatever the timing of the threads or workers. `desc`: the progress bar's label."""
+    whatever the timing of the threads or workers. `desc`: the progress bar's label; `behaviour`:
+    whose behaviour the episodes are (a teacher's guide rollouts: 'guide')."""
     jobs = [Job(tid, task, f"{run_id}-it{it + 1}-{tid}", episode_metadata(task, it) | {"rollout": k},
-                None if seed is None else derive_seed(seed, "rollout", it, tid, k))
+                None if seed is None else derive_seed(seed, "rollout", it, tid, k), behaviour)
             for tid, task in tasks for k in range(group_size)]
     desc = desc or f"rollouts {it + 1}"
     if isinstance(rollout, EpisodeRunner):

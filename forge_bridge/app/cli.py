@@ -33,6 +33,22 @@ def add_warm_start_flags(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--kind-key", default="kind", help="the task field that holds its kind (default: kind)")
 
 
+def add_teacher_flags(p: argparse.ArgumentParser) -> None:
+    """A teacher for what the agent cannot find alone (trainer/teacher.py, docs/teacher.md)."""
+    p.add_argument("--teacher", help="an adapter folder (the same base with that LoRA), a model folder, an "
+                   "OpenAI-compatible URL (vLLM), or module:name of a forge_bridge Policy")
+    p.add_argument("--teacher-model", default="base", help="with a URL: the model name the server serves")
+    p.add_argument("--guide", choices=("demonstrations", "teacher"), help="add guide trajectories to groups "
+                   "the agent fails: the --demos of each task, or the --teacher's rollouts through your agent")
+    p.add_argument("--guide-k", type=int, default=2, help="guide trajectories per guided group (default: 2)")
+    p.add_argument("--guide-below", type=float, default=0.0,
+                   help="guide a group whose success rate is at or below this (default: 0)")
+    p.add_argument("--distill-beta", type=float, default=0.0,
+                   help="on-policy distillation from --teacher: the weight of its per-token reward (default: 0)")
+    p.add_argument("--relabel-weight", type=float, default=0.0,
+                   help="imitate --teacher's action at the states of failed rollouts, with this weight (default: 0)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="forge-bridge",
@@ -74,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=2048, help="with --vllm: the server's context")
     add_warm_start_flags(p, required=False)
     p.add_argument("--no-probe", action="store_true", help="skip the signal probe before the first iteration")
+    add_teacher_flags(p)
     from forge_bridge.trainer.config import TrainerConfig
 
     add_config_flags(p, TrainerConfig, TRAIN_FLAGS, aliases={"out_dir": "--out"})

@@ -48,7 +48,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 2
     make_rollout = _load_attr(args.rollout, "--rollout") if args.rollout else None
     tasks = _tasks(args.tasks)
-    config = (fb.GRPOConfig if args.algo == "grpo" else fb.PPOConfig)(**config_kwargs(args, TRAIN_FLAGS))
+    config = (fb.GRPOConfig if args.algo == "grpo" else fb.PPOConfig)(**config_kwargs(args, TRAIN_FLAGS),
+                                                                     **teaching_kwargs(args))
     if args.new:
         earlier = set_aside(config.out_dir)
         if earlier is not None:
@@ -116,6 +117,9 @@ def _train(args: argparse.Namespace, policy, config, make_rollout, tasks) -> int
         fresh = not args.resume and not trainer.previous_run  # else train() resumes, or refuses the folder
         if fresh and args.demos:
             warm_start(args, trainer, make_rollout, rollout)
+        teacher = teacher_of(args, trainer, make_rollout)
+        if teacher is not None:
+            trainer.use_teacher(teacher)
         if fresh and not args.no_probe:
             report = trainer.probe(rollout, tasks, kind_key=args.kind_key, require_kind=False)
             print(f"signal probe ({report.group_size} rollouts of each of the {len(tasks)} tasks):\n{report}")
@@ -128,6 +132,8 @@ def _train(args: argparse.Namespace, policy, config, make_rollout, tasks) -> int
         trainer.close()
         if make_rollout is None:
             rollout.close()
+        if getattr(trainer, "teacher", None) is not None and trainer.teacher.policy is not None:
+            trainer.teacher.policy.close()
     last = history[-1] if history else {}
     print(f"done: {trainer.iteration} iterations, live adapter {policy.current()}, last mean "
           f"reward {last.get('reward_mean', float('nan')):.3f}; run folder {config.out_dir}")
@@ -167,6 +173,65 @@ def warm_start(args: argparse.Namespace, trainer, make_rollout, rollout) -> dict
     print(f"SFT on {len(demos)} demonstrations ({result['sft_samples']} model calls): loss "
           f"{result['sft_loss_first']:.3f} -> {result['sft_loss_last']:.3f}; published {result.get('adapter')}")
     return result
+
+
+def teaching_kwargs(args: argparse.Namespace) -> dict:
+    """The GRPOConfig settings of the teacher flags (none when no teacher flag is set)."""
+    import forge_bridge as fb
+
+    wants = args.guide or args.distill_beta or args.relabel_weight
+    if wants and args.algo != "grpo":
+        raise InvalidArgument("--guide, --distill-beta and --relabel-weight are GRPO's (--algo grpo)")
+    if (args.distill_beta or args.relabel_weight or args.guide == "teacher") and not args.teacher:
+        raise InvalidArgument("--distill-beta, --relabel-weight and --guide teacher need --teacher")
+    if args.guide == "demonstrations" and not args.demos and not args.resume:
+        raise InvalidArgument("--guide demonstrations draws guides from --demos: give them")
+    out: dict = {"distill_beta": args.distill_beta, "relabel_weight": args.relabel_weight} if wants else {}
+    if args.guide:
+        out["guidance"] = fb.Guidance(below=args.guide_below, k=args.guide_k, source=args.guide)
+    return out
+
+
+def teacher_policy(spec: str, args: argparse.Namespace):
+    """The policy `--teacher` names: an adapter folder on the run's base model, a model folder, a
+    URL of an OpenAI-compatible server, or module:name of a Policy in the user's code."""
+    import forge_bridge as fb
+
+    path = Path(spec)
+    if spec.startswith(("http://", "https://")):
+        return fb.VLLMPolicy(spec, model=args.teacher_model)
+    if (path / "adapter_config.json").is_file():
+        policy = fb.LocalPolicy(args.model, tool_format=args.tool_format or "auto")
+        policy.load_adapter(path, "teacher")
+        return policy
+    if (path / "config.json").is_file():
+        return fb.LocalPolicy(str(path), tool_format=args.tool_format or "auto")
+    if ":" in spec and not path.exists():
+        policy = _load_attr(spec, "--teacher")
+        if not isinstance(policy, fb.Policy):
+            raise InvalidArgument(f"--teacher {spec}: expected a forge_bridge Policy, got {type(policy).__name__}")
+        return policy
+    raise InvalidArgument(f"--teacher {spec!r}: expected an adapter folder, a model folder, a URL or module:name")
+
+
+def teacher_of(args: argparse.Namespace, trainer, make_rollout):
+    """The `fb.Teacher` of the flags (None without them): its policy, the agent to run it through,
+    and the demonstrations recorded in the run's store for `--guide demonstrations`."""
+    import forge_bridge as fb
+
+    if not args.teacher and not args.guide:
+        return None
+    if args.guide == "teacher" and make_rollout is None:
+        raise InvalidArgument("--guide teacher runs the teacher through your agent: it needs --rollout")
+    demos = []
+    if args.guide == "demonstrations":
+        if args.demos and Path(args.demos).suffix == ".db":  # read where they are, not copied
+            with fb.TrajectoryStore(args.demos, readonly=True) as store:
+                demos = fb.read_demonstrations(store, args.demos_run)
+        else:  # recorded or imported into the run's store by the warm start
+            demos = fb.read_demonstrations(trainer.recorder.store)
+    policy = teacher_policy(args.teacher, args) if args.teacher else None
+    return fb.Teacher(policy=policy, make_rollout=make_rollout, demonstrations=demos)
 
 
 def _tasks(spec: str) -> list:
@@ -217,4 +282,5 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["TRAIN_FLAGS", "VLLM_LORA_RANKS", "cmd_probe", "cmd_sft", "cmd_train", "demonstrations", "warm_start"]
+__all__ = ["TRAIN_FLAGS", "VLLM_LORA_RANKS", "cmd_probe", "cmd_sft", "cmd_train", "demonstrations", "teacher_of",
+           "teacher_policy", "teaching_kwargs", "warm_start"]

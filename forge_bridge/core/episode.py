@@ -63,15 +63,16 @@ class Recorder:
 
     def episode(self, task_id: str | None = None, group_id: str | None = None, *,
                 episode_id: str | None = None, metadata: dict | None = None,
-                run_id: str | None = None, seed: int | None = None) -> "Episode":
+                run_id: str | None = None, seed: int | None = None, behaviour: str = "policy") -> "Episode":
         """Open an episode; with `seed`, each of its sampled model calls that names no seed of
         its own gets one derived from it and the step index (`Episode.call_seed`), so its
         rollout does not depend on which other calls shared a batch (recorded as
-        `metadata['seed']`)."""
+        `metadata['seed']`). `behaviour`: whose behaviour its steps are (`BEHAVIOURS`)."""
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise InvalidArgument(f"episode seed: expected an int or None, got {seed!r}")
         traj = Trajectory(task_id=task_id, group_id=group_id, run_id=run_id or self.run_id,
-                          metadata=dict(metadata or {}) | ({"seed": seed} if seed is not None else {}))
+                          metadata=dict(metadata or {}) | ({"seed": seed} if seed is not None else {}),
+                          behaviour=behaviour)
         if episode_id is not None:
             traj.id = episode_id
         self.store.begin(traj)
@@ -109,7 +110,7 @@ class Episode:
                 seed = None if self.seed is None else derive_seed(self.seed, "role", key)
                 traj = Trajectory(id=f"{self.id}.{slug}-{len(self._children)}",
                                   task_id=self._traj.task_id, group_id=self._traj.group_id,
-                                  run_id=self._traj.run_id, role=key,
+                                  run_id=self._traj.run_id, role=key, behaviour=self._traj.behaviour,
                                   metadata={**self._traj.metadata, "parent": self.id, **metadata}
                                   | ({"seed": seed} if seed is not None else {}))
                 self.recorder.store.begin(traj)

@@ -9,6 +9,9 @@ the step, to be migrated again). What each version changed:
   a step's `truncated` had meant "hit max_tokens" (kept as its finish reason) and now is
   Gymnasium's flag, set on the last step from how the episode ended.
 - 2 -> 3: steps record the policy slot that served them (`Transition.slot`; None before).
+- 3 -> 4: a trajectory records whose behaviour it is (`Trajectory.behaviour`: the policy's own,
+  a recorded demonstration's, or a guide's in a GRPO group; 'policy' before), and a step's
+  credit the teacher's log-probabilities of its tokens (on-policy distillation; none before).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 import sqlite3
 from typing import Callable
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Version of the store's tables and of the JSON layout `Trajectory.to_dict` writes."""
 
 DDL = """
@@ -30,7 +33,8 @@ CREATE TABLE IF NOT EXISTS trajectories (
     metadata TEXT NOT NULL,
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
-    end_reason TEXT, end_detail TEXT, role TEXT, excluded TEXT
+    end_reason TEXT, end_detail TEXT, role TEXT, excluded TEXT,
+    behaviour TEXT
 );
 CREATE TABLE IF NOT EXISTS transitions (
     trajectory_id TEXT NOT NULL REFERENCES trajectories(id),
@@ -45,6 +49,7 @@ CREATE TABLE IF NOT EXISTS credit (
     iteration INTEGER NOT NULL,
     advantage REAL,
     trained_tokens INTEGER NOT NULL,
+    teacher_logprobs TEXT,
     PRIMARY KEY (trajectory_id, step)
 );
 CREATE INDEX IF NOT EXISTS trajectories_run ON trajectories(run_id, status);
@@ -103,7 +108,8 @@ def _json_2_to_3(data: dict) -> dict:
     return data  # a step without `slot` reads as None
 
 
-_JSON_STEPS: dict[int, Callable[[dict], dict]] = {1: _json_1_to_2, 2: _json_2_to_3}
+_JSON_STEPS: dict[int, Callable[[dict], dict]] = {1: _json_1_to_2, 2: _json_2_to_3, 3: _json_2_to_3}
+"""3 -> 4 is a no-op too: a trajectory without `behaviour` reads as the policy's own."""
 
 
 def migrate_json(data: dict) -> dict:
@@ -118,10 +124,7 @@ def migrate_json(data: dict) -> dict:
 
 # --------------------------------------------------------------------------- the store
 def _store_1_to_2(db: sqlite3.Connection) -> None:
-    have = {r[1] for r in db.execute("PRAGMA table_info(trajectories)")}
-    for column in _V1_COLUMNS:
-        if column not in have:
-            db.execute(f"ALTER TABLE trajectories ADD COLUMN {column} TEXT")
+    add_columns(db, "trajectories", {column: "TEXT" for column in _V1_COLUMNS})
     for tid, status, metadata in db.execute("SELECT id, status, metadata FROM trajectories").fetchall():
         head = v1_head(status, json.loads(metadata))
         db.execute("UPDATE trajectories SET end_reason = ?, end_detail = ?, role = ?, metadata = ? WHERE id = ?",
@@ -137,7 +140,21 @@ def _store_2_to_3(db: sqlite3.Connection) -> None:
     """Nothing to rewrite: stored steps without `slot` read as None."""
 
 
-_STORE_STEPS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _store_1_to_2, 2: _store_2_to_3}
+def add_columns(db: sqlite3.Connection, table: str, columns: dict[str, str]) -> None:
+    """Add the columns (name -> SQL type) a table of an older store lacks."""
+    have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+    for name, kind in columns.items():
+        if name not in have:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+
+
+def _store_3_to_4(db: sqlite3.Connection) -> None:
+    """New columns only: NULL `behaviour` reads as 'policy', NULL teacher log-probabilities as none."""
+    add_columns(db, "trajectories", {"behaviour": "TEXT"})
+    add_columns(db, "credit", {"teacher_logprobs": "TEXT"})
+
+
+_STORE_STEPS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _store_1_to_2, 2: _store_2_to_3, 3: _store_3_to_4}
 
 
 def stored_version(db: sqlite3.Connection) -> int | None:
@@ -163,8 +180,9 @@ def migrate_store(db: sqlite3.Connection, version: int) -> None:
         version += 1
 
 
-READABLE_AS_IS = (2, 3)
-"""Versions whose rows read as the current ones without rewriting (a read-only store opens them)."""
+READABLE_AS_IS = (2, 3, 4)
+"""Versions whose rows read as the current ones without rewriting (a read-only store opens them;
+the columns a version lacks read as their defaults: `TrajectoryStore` checks which exist)."""
 
 
 def readable(version: int | None) -> bool:

@@ -24,12 +24,13 @@ from forge_bridge.core.types import (END_REASONS, STATUS_OF_END, StepCredit, Tra
                                      TrajectoryRow, Transition, group_trajectories)
 
 _HEAD = ("id", "run_id", "task_id", "group_id", "status", "reward", "metadata", "created_at",
-         "updated_at", "end_reason", "end_detail", "role", "excluded")
+         "updated_at", "end_reason", "end_detail", "role", "excluded", "behaviour")
 _INSERT_HEAD = f"INSERT INTO trajectories ({', '.join(_HEAD)}) VALUES ({','.join('?' * len(_HEAD))})"
-_READ_HEAD = "id, run_id, task_id, group_id, reward, metadata, end_reason, end_detail, role, excluded"
+_READ_HEAD = "id, run_id, task_id, group_id, reward, metadata, end_reason, end_detail, role, excluded, behaviour"
 # A trajectory's kind: what its task said (metadata), else its task id without the trailing number.
 _KIND = "COALESCE(json_extract(metadata, '$.kind'), rtrim(rtrim(task_id, '0123456789'), '-'))"
 _ITERATION = "json_extract(metadata, '$.iteration')"
+_OWN = "COALESCE(behaviour, 'policy') = 'policy'"
 _SUCCESS = "(status = 'complete' AND COALESCE(reward, 0) >= 1)"
 SORTS = {"created": "created_at", "reward": "reward", "task": "task_id", "status": "status",
          "iteration": _ITERATION}
@@ -52,8 +53,11 @@ class TrajectoryStore:
                 raise StoreError(f"{self.path} holds schema version {version}: open it once for writing "
                                  "(any TrajectoryStore(path)) to migrate it, then read it" if migrations.readable(version)
                                  else f"{self.path} is not a forge-bridge trajectory store this version reads")
-            self._has_credit = bool(self._db.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'credit'").fetchone())
+            have = {t: {r[1] for r in self._db.execute(f"PRAGMA table_info({t})")} for t in ("trajectories", "credit")}
+            self._has_credit = bool(have["credit"])
+            typed = "behaviour" in have["trajectories"]  # an older store read-only: newer columns read as defaults
+            self._head, self._own = (_READ_HEAD, _OWN) if typed else (_READ_HEAD.replace("behaviour", "NULL"), "1")
+            self._teacher = "teacher_logprobs" if "teacher_logprobs" in have["credit"] else "NULL"
         except (sqlite3.Error, OSError) as exc:
             if readonly:
                 raise StoreError(f"{self.path} is not a forge-bridge trajectory store: {exc}") from None
@@ -123,7 +127,7 @@ class TrajectoryStore:
         now = time.time()
         return [(_INSERT_HEAD, (t.id, t.run_id, t.task_id, t.group_id, t.status, t.reward,
                                 json.dumps(t.metadata), now, now, t.end_reason, t.end_detail, t.role,
-                                t.excluded))] + [cls._insert_step(t.id, i, s) for i, s in enumerate(t.transitions)]
+                                t.excluded, t.behaviour))] + [cls._insert_step(t.id, i, s) for i, s in enumerate(t.transitions)]
 
     @staticmethod
     def _insert_step(trajectory_id: str, step: int, t: Transition) -> tuple[str, tuple]:
@@ -189,13 +193,14 @@ class TrajectoryStore:
                                               ("DELETE FROM trajectories WHERE id = ?", (tid,)))])
         return len(ids)
 
-    def record_credit(self, iteration: int, rows: Iterable[tuple[str, int, float | None, int]]) -> int:
-        """What the trainer made of each step in `iteration`: (trajectory id, step, advantage or
-        None where none was computed, completion tokens the loss trained on). Returns how many."""
-        rows = list(rows)
-        self._write("recording credit", [
-            ("INSERT OR REPLACE INTO credit (trajectory_id, step, iteration, advantage, trained_tokens) "
-             "VALUES (?, ?, ?, ?, ?)", (tid, step, iteration, adv, trained)) for tid, step, adv, trained in rows])
+    def record_credit(self, iteration: int, rows: Iterable[tuple]) -> int:
+        """What the trainer made of each step in `iteration`: (trajectory id, step, advantage or None, completion
+        tokens trained on[, the teacher's log-probabilities of its tokens or None]). Returns how many."""
+        rows = [tuple(row) + (None,) * (5 - len(row)) for row in rows]
+        self._write("recording credit", [(
+            "INSERT OR REPLACE INTO credit (trajectory_id, step, iteration, advantage, trained_tokens, teacher_logprobs) "
+            "VALUES (?, ?, ?, ?, ?, ?)", (tid, step, iteration, adv, n, None if teacher is None else json.dumps(list(teacher))))
+            for tid, step, adv, n, teacher in rows])
         return len(rows)
 
     # ------------------------------------------------------------------ reading
@@ -213,15 +218,13 @@ class TrajectoryStore:
         if adapter is not None:
             where.append("id IN (SELECT trajectory_id FROM transitions WHERE adapter = ?)")
             args.append(adapter)
-        sql = "SELECT id FROM trajectories"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
+        sql = "SELECT id FROM trajectories" + (" WHERE " + " AND ".join(where) if where else "")
         with self._lock:
             return [r[0] for r in self._db.execute(sql + " ORDER BY created_at, id", args)]
 
     def get(self, trajectory_id: str) -> Trajectory:
         with self._lock:
-            head = self._db.execute(f"SELECT {_READ_HEAD} FROM trajectories WHERE id = ?",
+            head = self._db.execute(f"SELECT {self._head} FROM trajectories WHERE id = ?",
                                     (trajectory_id,)).fetchone()
             steps = self._db.execute("SELECT data FROM transitions WHERE trajectory_id = ? ORDER BY step",
                                      (trajectory_id,)).fetchall()
@@ -229,9 +232,8 @@ class TrajectoryStore:
             raise NotFound(f"no trajectory {trajectory_id!r} in {self.path}")
         return _trajectory(head, [Transition.from_dict(json.loads(s[0])) for s in steps])
 
-    def iter(self, *, run_id: str | None = None, task_id: str | None = None,
-             group_id: str | None = None, status: str | Iterable[str] | None = None,
-             adapter: str | None = None) -> Iterator[Trajectory]:
+    def iter(self, *, run_id: str | None = None, task_id: str | None = None, group_id: str | None = None,
+             status: str | Iterable[str] | None = None, adapter: str | None = None) -> Iterator[Trajectory]:
         """Trajectories matching every filter given, oldest first, loaded one at a time."""
         for tid in self._select_ids(run_id=run_id, task_id=task_id, group_id=group_id, status=status, adapter=adapter):
             yield self.get(tid)
@@ -260,13 +262,13 @@ class TrajectoryStore:
         only the page is read (a store of 100,000+ trajectories is never loaded whole)."""
         where, args = query.where()
         total = self._query(f"SELECT COUNT(*) FROM trajectories{where}", args)[0][0]
-        rows = self._query(f"SELECT {_READ_HEAD}, {_ITERATION}, {_KIND} FROM trajectories{where} ORDER BY "
+        rows = self._query(f"SELECT {self._head}, {_ITERATION}, {_KIND} FROM trajectories{where} ORDER BY "
                            f"{SORTS[query.sort]} {query.order.upper()}, id LIMIT ? OFFSET ?", [*args, limit, offset])
         ids = [r[0] for r in rows]
         steps = {tid: (n, adapter) for tid, n, adapter in self._query(
             "SELECT trajectory_id, COUNT(*), MAX(adapter) FROM transitions WHERE trajectory_id IN "
             f"({','.join('?' * len(ids))}) GROUP BY trajectory_id", ids)} if ids else {}
-        return [TrajectoryRow(_trajectory(r[:10], []), r[10], r[11], *steps.get(r[0], (0, None))) for r in rows], total
+        return [TrajectoryRow(_trajectory(r[:11], []), r[11], r[12], *steps.get(r[0], (0, None))) for r in rows], total
 
     def runs(self) -> list[tuple[str | None, int, int, float | None]]:
         """(run id, trajectories, completed, mean reward) of every run in the store, newest first."""
@@ -282,7 +284,7 @@ class TrajectoryStore:
         out: dict[str, dict[int, float]] = {}
         for kind, it, rate in self._query(
                 f"SELECT {_KIND}, {_ITERATION}, AVG(COALESCE(reward, 0) >= ?) FROM trajectories WHERE run_id = ? "
-                f"AND {_ITERATION} IS NOT NULL GROUP BY 1, 2 ORDER BY 2", (threshold, run_id)):
+                f"AND {_ITERATION} IS NOT NULL AND {self._own} GROUP BY 1, 2 ORDER BY 2", (threshold, run_id)):
             out.setdefault(kind or "?", {})[int(it)] = float(rate)
         return out
 
@@ -305,8 +307,10 @@ class TrajectoryStore:
         """step -> what the trainer made of it (`record_credit`); steps no trainer used are absent."""
         if not self._has_credit:  # a store older than credit, read without migrating it
             return {}
-        return {step: StepCredit(it, adv, n) for step, it, adv, n in self._query(
-            "SELECT step, iteration, advantage, trained_tokens FROM credit WHERE trajectory_id = ?", (trajectory_id,))}
+        return {step: StepCredit(it, adv, n, None if teacher is None else json.loads(teacher))
+                for step, it, adv, n, teacher in self._query(
+                    f"SELECT step, iteration, advantage, trained_tokens, {self._teacher} FROM credit "
+                    "WHERE trajectory_id = ?", (trajectory_id,))}
 
     def attempts(self, task_id: str) -> list[tuple[str, str | None, str | None, float | None]]:
         """Every recorded attempt at a task: (trajectory id, run id, adapter of its first step,
@@ -333,10 +337,10 @@ class TrajectoryStore:
 
 def _trajectory(head: tuple, transitions: list[Transition]) -> Trajectory:
     """A Trajectory from the columns of `_READ_HEAD`, in that order."""
-    tid, run_id, task_id, group_id, reward, metadata, end_reason, end_detail, role, excluded = head
+    tid, run_id, task_id, group_id, reward, metadata, end_reason, end_detail, role, excluded, behaviour = head
     return Trajectory(id=tid, run_id=run_id, task_id=task_id, group_id=group_id, reward=reward,
                       metadata=json.loads(metadata), end_reason=end_reason, end_detail=end_detail, role=role,
-                      excluded=excluded, transitions=transitions)
+                      excluded=excluded, behaviour=behaviour or "policy", transitions=transitions)
 
 
 @dataclass(frozen=True)
@@ -355,6 +359,8 @@ class TrajectoryQuery:
     """Part of the task id."""
     group: str = ""
     """Group id."""
+    behaviour: str = ""
+    """Whose behaviour: policy, demonstration or guide (BEHAVIOURS)."""
     outcome: str = ""
     """'success' (complete with reward >= 1), 'failure' (anything else) or '' (both)."""
     sort: str = "created"
@@ -372,7 +378,8 @@ class TrajectoryQuery:
 
     def where(self) -> tuple[str, list[Any]]:
         clauses, args = [], []
-        for column, value in (("run_id", self.run), ("status", self.status), ("group_id", self.group)):
+        for column, value in (("run_id", self.run), ("status", self.status), ("group_id", self.group),
+                              ("COALESCE(behaviour, 'policy')", self.behaviour)):
             if value:
                 clauses.append(f"{column} = ?")
                 args.append(value)

@@ -40,6 +40,12 @@ STATUS_FALLBACK = {"complete": "terminated", "truncated": "truncated", "failed":
 TRAINABLE_ENDS = ("terminated", "truncated", "policy_fault")
 """End reasons whose trajectories carry the policy's own behaviour (see END_REASONS)."""
 
+BEHAVIOURS = ("policy", "demonstration", "guide")
+"""Whose behaviour a trajectory's tokens are (what sampled them):
+- `policy`: the policy being trained (on-policy rollouts, evaluations);
+- `demonstration`: a scripted expert or an imported conversation (the warm start's data);
+- `guide`: a teacher's or a demonstration's trajectory added to a GRPO group (never on-policy)."""
+
 
 # --------------------------------------------------------------------------- transition
 @dataclass
@@ -162,8 +168,12 @@ class Trajectory:
     """The participant whose steps these are (a CrewAI role), or None for a single agent."""
     excluded: str | None = None
     """Why the trainer must never train on this trajectory (None: nothing against it)."""
+    behaviour: str = "policy"
+    """Whose behaviour its tokens are: one of BEHAVIOURS."""
 
     def __post_init__(self) -> None:
+        if self.behaviour not in BEHAVIOURS:
+            raise validate.fail("Trajectory.behaviour", f"one of {BEHAVIOURS}", self.behaviour)
         if not isinstance(self.id, str) or not self.id:
             raise validate.fail("Trajectory.id", "a non-empty string", self.id)
         for name in ("task_id", "group_id", "run_id", "end_detail", "role", "excluded"):
@@ -219,7 +229,7 @@ class Trajectory:
             "schema_version": SCHEMA_VERSION, "id": self.id, "task_id": self.task_id,
             "group_id": self.group_id, "run_id": self.run_id, "reward": self.reward,
             "status": self.status, "end_reason": self.end_reason, "end_detail": self.end_detail,
-            "role": self.role, "excluded": self.excluded, "metadata": self.metadata,
+            "role": self.role, "excluded": self.excluded, "behaviour": self.behaviour, "metadata": self.metadata,
             "transitions": [t.to_dict() for t in self.transitions],
         }
 
@@ -237,7 +247,7 @@ class Trajectory:
                               f"got {version!r}")
         fields_ = {k: v for k, v in migrate_json(data).items() if k not in ("schema_version", "status")}
         known = {"id", "task_id", "group_id", "run_id", "reward", "metadata", "transitions",
-                 "end_reason", "end_detail", "role", "excluded"}
+                 "end_reason", "end_detail", "role", "excluded", "behaviour"}
         unknown = set(fields_) - known
         if unknown:
             raise SchemaError(f"Trajectory: unknown field(s) {sorted(unknown)}")
@@ -328,8 +338,10 @@ class StepCredit:
     """None where no advantage was computed (an untrainable step)."""
     trained_tokens: int
     """Completion tokens the loss trained on (0: its group was uniform, or it was cut)."""
+    teacher_logprobs: list[float] | None = None
+    """The teacher's log-probability of each completion token (on-policy distillation; None: not scored)."""
 
 
-__all__ = ["END_REASONS", "SCHEMA_VERSION", "STATUSES", "STATUS_OF_END", "TRAINABLE_ENDS", "Action", "Observation",
+__all__ = ["BEHAVIOURS", "END_REASONS", "SCHEMA_VERSION", "STATUSES", "STATUS_OF_END", "TRAINABLE_ENDS", "Action", "Observation",
            "StepCredit", "ToolCall", "Trajectory", "TrajectoryGroup", "TrajectoryRow", "Transition",
            "group_trajectories", "new_id"]

@@ -237,6 +237,28 @@ class Policy(abc.ABC):
                      adapter: str | None) -> PolicyOutput:
         return await asyncio.to_thread(self._chat, messages, tools, sampling, adapter)
 
+    def score(self, prompt_token_ids: Sequence[int], completion_token_ids: Sequence[int], *,
+              slot: str = DEFAULT_SLOT) -> list[float]:
+        """log P(completion token k | the prompt and the completion tokens before k), one per
+        completion token, under the version `slot` serves now, at temperature 1: a teacher's
+        per-token judgement of tokens another policy sampled. A backend that gives no token
+        log-probabilities raises `Unsupported` (it can still teach by acting)."""
+        prompt, completion = list(prompt_token_ids), list(completion_token_ids)
+        if not prompt or not completion or not all(isinstance(t, int) and t >= 0 for t in prompt + completion):
+            raise InvalidArgument("score: expected non-empty lists of token ids (ints >= 0) for the prompt and "
+                                  "the completion")
+        with self._use_current(slot) as adapter:
+            return self._score(prompt, completion, adapter)
+
+    def _score(self, prompt: list[int], completion: list[int], adapter: str | None) -> list[float]:
+        raise Unsupported(f"{type(self).__name__} gives no token log-probabilities: as a teacher it can act "
+                          "(guide rollouts, relabelling) but not score the student's tokens (distillation)")
+
+    def tokenize(self, text: str) -> list[int]:
+        """The token ids of `text`, no special tokens added, in this policy's vocabulary (to check
+        that a teacher and a student share one)."""
+        raise Unsupported(f"{type(self).__name__} does not say how it tokenizes text")
+
     # ------------------------------------------------------------------ hot-swap
     def current(self, slot: str = DEFAULT_SLOT) -> str | None:
         """The version new calls of `slot` use (None: the base model)."""

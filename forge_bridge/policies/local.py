@@ -26,7 +26,7 @@ from forge_bridge.core.errors import (
 )
 from forge_bridge.policies.adapter_pool import AdapterPool
 from forge_bridge.policies.base import Policy, PolicyOutput, Sampling
-from forge_bridge.policies.decoding import Decoder, PrefixCache
+from forge_bridge.policies.decoding import BASE, Decoder, PrefixCache
 from forge_bridge.policies.device import bf16_supported, resolve_device
 from forge_bridge.policies.messages import normalize_messages
 from forge_bridge.policies.toolcalls import FORMAT_MARKERS, OPENINGS, PARSERS, detect_format, parse
@@ -180,6 +180,25 @@ class LocalPolicy(Policy):
 
     async def _achat(self, messages, tools, sampling, adapter) -> PolicyOutput:
         return await asyncio.wrap_future(self._submit(messages, tools, sampling, adapter))
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _score(self, prompt: list[int], completion: list[int], adapter: str | None) -> list[float]:
+        """One forward pass over prompt + completion with `adapter` (peft's per-row adapter
+        names, so the batching worker's own choice of adapter is left alone)."""
+        import torch
+
+        if len(prompt) + len(completion) > self.max_context:
+            raise ContextLengthExceeded(f"score: {len(prompt) + len(completion)} tokens do not fit the model's "
+                                        f"context of {self.max_context} tokens")
+        ids = torch.tensor([prompt + completion], device=self.device)
+        with self._model_lock, torch.inference_mode():
+            model = self._peft if self._peft is not None else self.model
+            extra = {} if self._peft is None else {"adapter_names": [self._pool.name_of(adapter) or BASE]}
+            logits = model(input_ids=ids, **extra).logits[0, len(prompt) - 1:-1].float()  # [C, V]
+        taken = torch.tensor(completion, device=logits.device)[:, None]
+        return torch.log_softmax(logits, -1).gather(-1, taken)[:, 0].cpu().tolist()
 
     # ------------------------------------------------------------------ the batching worker
     def _decoder(self, prefixes: PrefixCache | None = None) -> Decoder:

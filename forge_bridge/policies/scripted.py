@@ -116,6 +116,9 @@ class ScriptedPolicy(Policy):
                             completion_logprobs=[0.0] * len(completion), adapter=adapter,
                             info={"scripted": True})
 
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
     def _load(self, path: Path, version: str) -> None:
         raise Unsupported("a scripted policy has no weights to adapt")
 

