@@ -77,3 +77,39 @@ def test_a_version_1_json_line_reads_as_the_current_layout():
     assert (traj.end_reason, traj.role, traj.metadata) == ("policy_fault", "r", {})
     assert traj.transitions[0].terminated and not traj.transitions[0].truncated
     assert Trajectory.from_json(traj.to_json()).to_dict() == traj.to_dict()
+
+
+def version_3_store(path):
+    """A store as version 3 wrote it: no `behaviour` column, no teacher log-probabilities in credit."""
+    db = sqlite3.connect(path)
+    db.executescript(V1_DDL.replace("'1'", "'3'").replace("updated_at REAL NOT NULL);", "updated_at REAL NOT NULL, "
+                                                          "end_reason TEXT, end_detail TEXT, role TEXT, excluded TEXT);")
+                     + "CREATE TABLE credit (trajectory_id TEXT NOT NULL, step INTEGER NOT NULL, iteration INTEGER "
+                       "NOT NULL, advantage REAL, trained_tokens INTEGER NOT NULL, PRIMARY KEY (trajectory_id, step));")
+    db.execute("INSERT INTO trajectories VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+               ("old", "r", "t", "g", "complete", 1.0, json.dumps({"iteration": 1}), 0.0, 0.0, "terminated", None, None,
+                None))
+    db.execute("INSERT INTO transitions VALUES (?,?,?,?)", ("old", 0, None, json.dumps(v1_step("a"))))
+    db.execute("INSERT INTO credit VALUES ('old', 0, 1, 0.5, 1)")
+    db.commit()
+    db.close()
+
+
+def test_a_version_3_store_reads_read_only_and_migrates_to_behaviour_and_teacher_columns(tmp_path):
+    path = tmp_path / "v3.db"
+    version_3_store(path)
+    with TrajectoryStore(path, readonly=True) as store:  # the inspector, before anything migrated it
+        assert store.get("old").behaviour == "policy"
+        assert store.credit("old")[0].teacher_logprobs is None
+        assert store.success_by_kind("r") == {"t": {1: 1.0}}
+    with TrajectoryStore(path) as store:  # opened for writing: migrated, the old rows unchanged
+        assert store.get("old").behaviour == "policy"
+        guide = Trajectory(task_id="t", group_id="g", run_id="r", reward=0.0, end_reason="terminated",
+                           metadata={"iteration": 1}, behaviour="guide")
+        store.add_many([guide])
+        store.record_credit(1, [("old", 0, 0.5, 1, [-0.25])])
+        assert store.get(guide.id).behaviour == "guide" and store.credit("old")[0].teacher_logprobs == [-0.25]
+        assert store.success_by_kind("r") == {"t": {1: 1.0}}  # a guide never counts in the policy's curve
+    version = sqlite3.connect(path).execute("SELECT value FROM meta").fetchone()[0]
+    assert int(version) == SCHEMA_VERSION == 4
+    assert Trajectory.from_json(guide.to_json()).behaviour == "guide"
