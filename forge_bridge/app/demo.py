@@ -101,6 +101,13 @@ class DemoConfig:
     """Per-step discount."""
     concurrency: int = 20
     """Agents run at once (their model calls are batched together: 40 rollouts in two waves)."""
+    guide: str = "none"
+    """Guides in GRPO groups the agent fails: 'none', 'teacher' (the scripted expert's rollouts, standing
+    in for a bigger model that does the job) or 'demonstrations' (the recorded ones of the task)."""
+    guide_k: int = 1
+    """Guide trajectories per guided group (the scripted expert's are all alike)."""
+    relabel_weight: float = 0.0
+    """DAgger: imitate the scripted expert at the states of failed rollouts, with this weight (0: off)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -125,6 +132,8 @@ class DemoConfig:
                 or len(set(self.demonstrate)) != len(self.demonstrate)):
             raise InvalidArgument(f"DemoConfig.demonstrate: expected distinct kinds from {KINDS_ORDER + BRIDGE_KINDS}, "
                                   f"got {self.demonstrate!r}")
+        if self.guide not in ("none", "teacher", "demonstrations"):
+            raise InvalidArgument(f"DemoConfig.guide: expected 'none', 'teacher' or 'demonstrations', got {self.guide!r}")
         if self.multi_step_demos is not None and (
                 isinstance(self.multi_step_demos, bool) or not isinstance(self.multi_step_demos, int)
                 or not 0 <= self.multi_step_demos <= self.train_per_kind):
@@ -313,7 +322,7 @@ class DemoRun:
                   concurrency=config.concurrency, desc="demonstrations", progress=self.progress,
                   max_model_calls=config.max_model_calls)
         # in task order, not the order concurrent agents finished in: the same seed, the same SFT
-        demos = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
+        self.demos = demos = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
         trainer = fb.GRPOTrainer(self.policy, fb.GRPOConfig(
             gamma=config.gamma, group_size=config.group_size, lr=config.rl_lr,
             warmup_steps=config.rl_warmup_steps, kl_beta=config.kl_beta,
@@ -321,7 +330,9 @@ class DemoRun:
             baseline=config.baseline, skip_uniform_groups=config.kl_beta == 0,
             concurrency=config.concurrency,
             run_name="demo", out_dir=str(self.out), seed=config.seed, progress=self.progress,
-            max_seq_len=768, merge_steps=True), recorder=fb.Recorder(store))  # episodes: the run id
+            max_seq_len=768, merge_steps=True, relabel_weight=config.relabel_weight,
+            guidance=None if config.guide == "none" else fb.Guidance(k=config.guide_k, source=config.guide)),
+            recorder=fb.Recorder(store))  # episodes: the run id
         warm = sft(trainer, demos, SFTConfig(epochs=config.sft_epochs, lr=config.sft_lr, batch_size=8))
         print(f"  SFT on {warm['sft_samples']} model calls: loss {warm['sft_loss_first']:.3f} -> "
               f"{warm['sft_loss_last']:.3f}; published {warm['adapter']} to the live agent")
@@ -340,6 +351,8 @@ class DemoRun:
             return 1.0 if attempt(self.agent, task, config.max_model_calls) else 0.0
 
         by_kind = {kind: [t for t in self.train if t.kind == kind] for kind in KINDS_ORDER}
+        if config.guide != "none" or config.relabel_weight > 0:
+            trainer.use_teacher(self.teacher())
 
         def schedule(it: int) -> list[Task]:  # the same number of tasks of each kind, drawn anew
             rng = random.Random(config.seed * 100_003 + it)
@@ -348,6 +361,18 @@ class DemoRun:
 
         trainer.train(rollout, schedule, iterations=trainer.iteration + config.rl_iterations)
         self.timings["GRPO"] = time.perf_counter() - t
+
+    def teacher(self) -> Any:
+        """The scripted expert as a teacher (guides, relabelling), and the recorded demonstrations."""
+        import forge_bridge as fb
+
+        config = self.config
+
+        def make_rollout(policy: Any) -> Any:
+            agent = build_agent(policy, config.temperature, config.max_tokens)
+            return lambda task: 1.0 if attempt(agent, task, config.max_model_calls) else 0.0
+        return fb.Teacher(policy=fb.ScriptedPolicy(expert_reply, self.policy.tokenizer), make_rollout=make_rollout,
+                          demonstrations=self.demos)
 
     def finish(self, sft: dict) -> dict:
         """Print the table, draw the curve, have the live agent answer once more; save results.json."""
