@@ -3,6 +3,8 @@ guide trajectories from demonstrations or from the teacher's rollouts through th
 on-policy distillation with the teacher's per-token log-probabilities, DAgger relabelling; the
 teacher's `score` on both backends; and every bad teacher a clear error or a recorded fault."""
 
+import json
+
 import pytest
 
 import forge_bridge as fb
@@ -197,3 +199,19 @@ def test_vllm_score_equals_local_score_on_the_same_weights(taught_model_dir, vll
     finally:
         local.close()
         remote.close()
+
+
+def test_train_from_the_command_line_with_a_teacher_adapter(taught_model_dir, adapter_dirs, tmp_path, capsys):
+    from forge_bridge.app.cli import main
+
+    out = tmp_path / "cli"
+    agent = ["--rollout", "test_teacher:checker_rollout", "--tasks", "test_teacher:TASKS", "--model",
+             str(taught_model_dir), "--group-size", "2", "--out", str(out), "--no-probe", "--iterations", "1"]
+    assert main(["train", *agent, "--distill-beta", "0.1"]) == 1
+    assert "need --teacher" in capsys.readouterr().err
+    assert main(["train", *agent, "--teacher", str(adapter_dirs["v1"]), "--guide", "teacher", "--guide-k", "1",
+                 "--distill-beta", "0.1", "--relabel-weight", "1"]) == 0
+    (m,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"iteration"' in line]
+    # the same base with the v1 LoRA: it acts through the agent (a guide), scores, and relabels
+    assert m["guide_trajectories"] == 1 and m["distill_unscored_steps"] == 0 and "distill_log_ratio" in m
+    assert m["relabel_samples"] >= 1 and m["relabel_faults"] == 0
