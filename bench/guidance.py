@@ -73,11 +73,14 @@ def table(cells: dict) -> str:
     rows = ["| two-step demos | method | seeds | held-out all | held-out two-step | validation two-step |",
             "| --- | --- | --- | --- | --- | --- |"]
     groups: dict[tuple[str, str], list[dict]] = {}
+    sft: dict[tuple[str, str], dict] = {}  # one warm start per (demonstrations, seed): every method's is the same
     for key, cell in cells.items():
-        n, method, _ = key.split("/")
-        groups.setdefault((n, "SFT"), []).append({"held_out": cell["held_out"]["SFT"], "validation": cell["validation"]["SFT"]})
+        n, method, seed = key.split("/")
+        sft[(n, seed)] = {"held_out": cell["held_out"]["SFT"], "validation": cell["validation"]["SFT"]}
         groups.setdefault((n, f"SFT + {method}"), []).append({"held_out": cell["held_out"]["SFT+RL"],
                                                              "validation": cell["validation"]["SFT+RL"]})
+    for (n, _), runs in sft.items():
+        groups.setdefault((n, "SFT"), []).append(runs)
 
     def spread(values: list[float]) -> str:
         mean = 100 * statistics.mean(values)
