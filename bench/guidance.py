@@ -27,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 METHODS = {"grpo": {}, "guided": {"guide": "teacher", "guide_k": 1},
+           "guided-sharp": {"guide": "teacher", "guide_k": 2, "guide_shaping": 0.01},
            "relabel": {"relabel_weight": 1.0}, "guided+relabel": {"guide": "teacher", "guide_k": 1, "relabel_weight": 1.0}}
 """Method -> the DemoConfig settings it changes."""
 

@@ -102,10 +102,11 @@ class DemoConfig:
     concurrency: int = 20
     """Agents run at once (their model calls are batched together: 40 rollouts in two waves)."""
     guide: str = "none"
-    """Guides in GRPO groups the agent fails: 'none', 'teacher' (the scripted expert's rollouts, standing
-    in for a bigger model that does the job) or 'demonstrations' (the recorded ones of the task)."""
+    """Guides in GRPO groups the agent fails: 'none', 'teacher' (the scripted expert's rollouts) or 'demonstrations'."""
     guide_k: int = 1
     """Guide trajectories per guided group (the scripted expert's are all alike)."""
+    guide_shaping: float = 0.1
+    """gamma of the guide tokens' weight pi / (pi + gamma) (`Guidance.shaping`)."""
     relabel_weight: float = 0.0
     """DAgger: imitate the scripted expert at the states of failed rollouts, with this weight (0: off)."""
 
@@ -307,17 +308,15 @@ class DemoRun:
         self.timings[f"{label} eval"] = time.perf_counter() - t
 
     def warm_start(self) -> tuple[Any, dict]:
-        """Demonstrations recorded through the same middleware, then SFT; returns the trainer
-        (which RL continues) and the SFT's figures."""
+        """Demonstrations recorded through the same middleware, then SFT; returns the trainer and the SFT's figures."""
         import forge_bridge as fb
-        from forge_bridge.policies.scripted import ScriptedPolicy
         from forge_bridge.trainer.sft import SFTConfig, sft
 
         config, store = self.config, self.store
         shown = demonstration_tasks(config, self.train)
         t = self.phase(f"recording {len(shown)} demonstrations of {', '.join(config.demonstrate)} through the same "
                        "middleware (scripted expert)")
-        expert_agent = build_agent(ScriptedPolicy(expert_reply, self.policy.tokenizer), 0.0, config.max_tokens)
+        expert_agent = build_agent(fb.ScriptedPolicy(expert_reply, self.policy.tokenizer), 0.0, config.max_tokens)
         run_tasks(expert_agent, shown, fb.Recorder(store, "demonstrations"), greedy=True,
                   concurrency=config.concurrency, desc="demonstrations", progress=self.progress,
                   max_model_calls=config.max_model_calls)
@@ -331,7 +330,8 @@ class DemoRun:
             concurrency=config.concurrency,
             run_name="demo", out_dir=str(self.out), seed=config.seed, progress=self.progress,
             max_seq_len=768, merge_steps=True, relabel_weight=config.relabel_weight,
-            guidance=None if config.guide == "none" else fb.Guidance(k=config.guide_k, source=config.guide)),
+            guidance=None if config.guide == "none" else fb.Guidance(k=config.guide_k, source=config.guide,
+                                                                     shaping=config.guide_shaping)),
             recorder=fb.Recorder(store))  # episodes: the run id
         warm = sft(trainer, demos, SFTConfig(epochs=config.sft_epochs, lr=config.sft_lr, batch_size=8))
         print(f"  SFT on {warm['sft_samples']} model calls: loss {warm['sft_loss_first']:.3f} -> "
