@@ -156,8 +156,15 @@ def demonstrations(args: argparse.Namespace, trainer, make_rollout, tasks) -> li
         raise InvalidArgument(f"--demos: expected 'tasks', a .jsonl file or a .db store, got {spec!r} (no such file)")
     if path.suffix == ".jsonl":
         return fb.import_demonstrations(path, trainer.tokenizer, trainer.recorder)
+    return stored_demonstrations(path, args.demos_run)
+
+
+def stored_demonstrations(path: str | Path, run_id: str) -> list:
+    """The usable demonstrations recorded under `run_id` in another trajectory store, read without writing to it."""
+    import forge_bridge as fb
+
     with fb.TrajectoryStore(path, readonly=True) as store:
-        return fb.read_demonstrations(store, args.demos_run)
+        return fb.read_demonstrations(store, run_id)
 
 
 def warm_start(args: argparse.Namespace, trainer, make_rollout, rollout) -> dict:
@@ -226,8 +233,7 @@ def teacher_of(args: argparse.Namespace, trainer, make_rollout):
     demos = []
     if args.guide == "demonstrations":
         if args.demos and Path(args.demos).suffix == ".db":  # read where they are, not copied
-            with fb.TrajectoryStore(args.demos, readonly=True) as store:
-                demos = fb.read_demonstrations(store, args.demos_run)
+            demos = stored_demonstrations(args.demos, args.demos_run)
         else:  # recorded or imported into the run's store by the warm start
             demos = fb.read_demonstrations(trainer.recorder.store)
     policy = teacher_policy(args.teacher, args) if args.teacher else None
@@ -282,5 +288,5 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["TRAIN_FLAGS", "VLLM_LORA_RANKS", "cmd_probe", "cmd_sft", "cmd_train", "demonstrations", "teacher_of",
+__all__ = ["TRAIN_FLAGS", "VLLM_LORA_RANKS", "cmd_probe", "cmd_sft", "cmd_train", "demonstrations", "stored_demonstrations", "teacher_of",
            "teacher_policy", "teaching_kwargs", "warm_start"]
