@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see for the lazy names
     from forge_bridge.policies.vllm import VLLMPolicy
     from forge_bridge.policies.vllm_server import VLLMServer
     from forge_bridge.serving.gateway import Gateway
-    from forge_bridge.trainer.config import GRPOConfig, Guidance, PPOConfig, SFTConfig
+    from forge_bridge.trainer.config import Distributed, GRPOConfig, Guidance, PPOConfig, SFTConfig
     from forge_bridge.trainer.demonstrations import import_demonstrations, read_demonstrations, record_demonstrations
     from forge_bridge.trainer.grpo import GRPOTrainer
     from forge_bridge.trainer.ppo import PPOTrainer
@@ -53,6 +53,7 @@ _LAZY = {
     "PPOConfig": "forge_bridge.trainer.config",
     "SFTConfig": "forge_bridge.trainer.config",
     "Guidance": "forge_bridge.trainer.config",
+    "Distributed": "forge_bridge.trainer.config",
     "Teacher": "forge_bridge.trainer.teacher",
     "sft": "forge_bridge.trainer.sft",
     "record_demonstrations": "forge_bridge.trainer.demonstrations",
@@ -74,7 +75,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "Action", "AdapterError", "Environment", "Episode", "ForgeBridgeError", "GRPOConfig",
+    "Action", "AdapterError", "Distributed", "Environment", "Episode", "ForgeBridgeError", "GRPOConfig",
     "GRPOTrainer", "Gateway", "Guidance", "LocalPolicy", "Observation", "PPOConfig", "PPOTrainer", "Policy",
     "PolicyError", "PolicyOutput", "PolicyResponseError", "PolicyUnavailable", "Recorder",
     "SFTConfig", "SchemaError", "ScriptedPolicy", "StepResult", "StepRewards", "StoreError", "Teacher", "ToolCall", "Trajectory", "TrajectoryGroup",

@@ -18,8 +18,7 @@ from forge_bridge.core.errors import InvalidState
 from forge_bridge.trainer.lora import DEFAULT_ADAPTER
 
 
-def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
-    state = optimizer.state_dict()
+def _optimizer_tensors(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
     tensors = {}
     for idx, entry in state["state"].items():
         for key, value in entry.items():
@@ -40,13 +39,17 @@ def _optimizer_file(slot: str) -> str:
 
 
 def save(root: Path, iteration: int, model: Any, optimizers: dict[str, torch.optim.Optimizer],
-         extra_modules: dict[str, torch.nn.Module], state: dict) -> Path:
-    """Every adapter of the model (the shared one, and one per role slot) with its optimizer."""
+         extra_modules: dict[str, torch.nn.Module], state: dict, gathered: dict | None = None) -> Path:
+    """Every adapter of the model (the shared one, and one per role slot) with its optimizer.
+    `gathered`: the full LoRA weights and optimizer states where the model holds shards (FSDP2,
+    `distributed.gather`): a checkpoint is the same whatever the world size that wrote it."""
     def write(tmp: Path) -> None:
-        model.save_pretrained(str(tmp / "adapter"), safe_serialization=True)  # named ones in subfolders
+        weights = {} if gathered is None else {"state_dict": gathered["weights"]}
+        model.save_pretrained(str(tmp / "adapter"), safe_serialization=True, **weights)  # named ones in subfolders
         metas = {}
         for slot, optimizer in optimizers.items():
-            tensors, metas[slot] = _optimizer_tensors(optimizer)
+            full = optimizer.state_dict() if gathered is None else gathered["optimizers"][slot]
+            tensors, metas[slot] = _optimizer_tensors(full)
             save_file(tensors, str(tmp / _optimizer_file(slot)))
         for name, module in extra_modules.items():
             save_file({k: v.contiguous() for k, v in module.state_dict().items()},

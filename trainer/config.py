@@ -23,6 +23,26 @@ def _number(value: object) -> bool:
 
 
 @dataclass(frozen=True)
+class Distributed:
+    """The update spread over processes, one per device (torchrun or Ray Train start them; docs/scale.md)."""
+
+    strategy: str = "ddp"
+    """'ddp' (every process holds the model; gradients all-reduced) or 'fsdp' (FSDP2 `fully_shard`:
+    each process holds a shard of every layer's weights, gradients and optimizer state)."""
+    backend: str = "auto"
+    """torch.distributed backend when this process group is started here: 'auto' (nccl on CUDA,
+    else gloo), 'gloo' or 'nccl'."""
+    offload: bool = False
+    """FSDP2 only: keep the sharded parameters on the CPU between uses (a GPU's memory lever)."""
+
+    def __post_init__(self) -> None:
+        _check(self.strategy in ("ddp", "fsdp"), "strategy", "'ddp' or 'fsdp'", self.strategy)
+        _check(self.backend in ("auto", "gloo", "nccl"), "backend", "'auto', 'gloo' or 'nccl'", self.backend)
+        _check(isinstance(self.offload, bool), "offload", "a bool", self.offload)
+        _check(not self.offload or self.strategy == "fsdp", "offload", "False with strategy 'ddp'", self.offload)
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     """Settings shared by GRPO and PPO."""
 
@@ -98,8 +118,12 @@ class TrainerConfig:
     gets its own seed, so a rerun samples the same rollouts whatever the thread timing)."""
     progress: bool = True
     """Show progress bars."""
+    distributed: Distributed | None = None
+    """Spread the update over the processes torchrun or Ray Train started (None: this process alone)."""
 
     def __post_init__(self) -> None:
+        _check(self.distributed is None or isinstance(self.distributed, Distributed), "distributed",
+               "None or a Distributed(...)", self.distributed)
         _check(_number(self.gamma) and 0 <= self.gamma <= 1, "gamma", "a number in [0, 1]", self.gamma)
         _check(_number(self.span_weight) and 0 <= self.span_weight < math.inf, "span_weight",
                "a finite number >= 0", self.span_weight)
@@ -261,4 +285,4 @@ class SFTConfig:
         _check(isinstance(self.publish, bool), "publish", "a bool", self.publish)
 
 
-__all__ = ["GRPOConfig", "Guidance", "PPOConfig", "SFTConfig", "TrainerConfig"]
+__all__ = ["Distributed", "GRPOConfig", "Guidance", "PPOConfig", "SFTConfig", "TrainerConfig"]

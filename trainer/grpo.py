@@ -122,7 +122,8 @@ class GRPOTrainer(Trainer):
         self.teacher = teacher
 
     def train(self, rollout, tasks, iterations, *, resume=False):
-        check_teacher(self.teacher, self.config, self.tokenizer)  # before any rollout: nothing runs without one
+        if not self.follower:  # the leader collects; a follower has no teacher to check
+            check_teacher(self.teacher, self.config, self.tokenizer)  # before any rollout: nothing runs without one
         return super().train(rollout, tasks, iterations, resume=resume)
 
     def collect(self, rollout, tasks, it):

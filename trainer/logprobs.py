@@ -27,7 +27,7 @@ def _parts(model: Any) -> tuple[Any, Any]:
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    loss_mask: torch.Tensor, with_entropy: bool = False,
-                   temperature: torch.Tensor | None = None, share_prefix: bool = True
+                   temperature: torch.Tensor | None = None, share_prefix: bool = True, body: Any = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """log P(token_p | tokens_<p) at every position with loss_mask 1 (0 elsewhere), under
     softmax(logits / T) with each row's sampling temperature T (None: 1), as the tokens were drawn.
@@ -35,9 +35,10 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
     input_ids, attention_mask, loss_mask: [B, T] (right-padded), temperature: [B] -> (logp
     [B, T], hidden [B, T, H], entropy [N] over the N trained positions, or None).
     `share_prefix`: run the rows' common first tokens once (off under activation checkpointing,
-    which refuses a cache).
+    which refuses a cache). `body`: what runs the decoder body in its place (its DDP wrapper).
     """
-    body, head = _parts(model)
+    own, head = _parts(model)
+    body = own if body is None else body
     hidden = body_hidden(body, input_ids, attention_mask, share_prefix)  # [B, T, H]
     targets = loss_mask[:, 1:].bool()  # [B, T-1]: token p+1 is predicted at position p
     h = hidden[:, :-1][targets]  # [N, H]

@@ -14,7 +14,7 @@ import dataclasses
 import json
 import random
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -26,7 +26,7 @@ from forge_bridge.core.errors import InvalidArgument, InvalidState, Unsupported,
 from forge_bridge.core.types import Trajectory, TrajectoryGroup
 from forge_bridge.policies.base import DEFAULT_SLOT, Policy
 from forge_bridge.policies.device import autocast, bf16_supported, resolve_device
-from forge_bridge.trainer import memory, rollouts, runlog, update
+from forge_bridge.trainer import distributed, memory, rollouts, runlog
 from forge_bridge.trainer.batch import BatchStats, Sample, collate, trained_tokens_per_step
 from forge_bridge.trainer.config import TrainerConfig
 from forge_bridge.trainer.logprobs import token_logprobs
@@ -51,24 +51,41 @@ class Trainer:
 
     def __init__(self, policy: Policy, config: TrainerConfig, *, model: str | None = None,
                  recorder: Recorder | None = None) -> None:
-        if not isinstance(policy, Policy):
-            raise WrongType(f"policy: expected a forge_bridge Policy, got {type(policy).__name__}")
         if not isinstance(config, TrainerConfig):
             raise WrongType(f"config: expected a GRPOConfig or PPOConfig, got {type(config).__name__}")
+        self.group = distributed.join(config.distributed)
+        """This process's place in a process group spreading the update (None: alone)."""
+        if not isinstance(policy, Policy) and not (self.follower and policy is None):
+            raise WrongType(f"policy: expected a forge_bridge Policy, got {type(policy).__name__}")
         source = model or getattr(policy, "model_path", None)
         if source is None:
             raise InvalidArgument("the trainer needs the base model the policy serves: pass "
                                   "model='<name or directory>' (a VLLMPolicy does not know it)")
         self.policy, self.config = policy, config
         self.out = Path(config.out_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(config.seed)
         self.rng = random.Random(config.seed)
-        self.device = resolve_device(config.device)
+        self.device = self.group.device(resolve_device(config.device)) if self.group else resolve_device(config.device)
         """Where the model, the batches and the optimizer state live."""
+        self.bodies: dict[str, torch.nn.Module] = {}
+        """Slot -> the decoder body wrapped in DDP for that slot's LoRA (in a DDP group, once spread)."""
+        self.gathered: dict | None = None
+        """The full LoRA and optimizer states after the last FSDP2 update (the leader's, to save)."""
         self._build_model(str(source))
         self.reference = Reference()
         """The KL reference (the base model until `freeze_reference`)."""
+        self.step_advantages: dict[tuple[str, int], float] = {}
+        """(trajectory id, step) -> the advantage `prepare` computed for the current iteration."""
+        self.step_teacher: dict[tuple[str, int], list[float]] = {}
+        """(trajectory id, step) -> the teacher's log-probabilities of its tokens (distillation)."""
+        self.iteration = 0
+        if not self.follower:  # the run folder and the store are the leader's
+            self._open_run(str(source), recorder)
+
+    def _open_run(self, source: str, recorder: Recorder | None) -> None:
+        """The run folder (a new run, or the one it holds), the store and the metrics log."""
+        config = self.config
+        self.out.mkdir(parents=True, exist_ok=True)
         self.previous_run = runs.holds_run(self.out)
         """The folder held a run when this trainer was made: train() resumes it or refuses."""
         self.run_id = (runs.read_run_id(self.out, config.run_name) if self.previous_run
@@ -78,13 +95,8 @@ class Trainer:
         if not (self.out / "tokenizer").is_dir():  # the run folder reads on its own (forge-bridge inspect)
             self.tokenizer.save_pretrained(self.out / "tokenizer")
         (self.out / "trainer.json").write_text(json.dumps(
-            {"trainer": type(self).__name__, "model": str(source), "config": dataclasses.asdict(config)},
+            {"trainer": type(self).__name__, "model": source, "config": dataclasses.asdict(config)},
             indent=1, default=str))  # out_dir may be a Path
-        self.step_advantages: dict[tuple[str, int], float] = {}
-        """(trajectory id, step) -> the advantage `prepare` computed for the current iteration."""
-        self.step_teacher: dict[tuple[str, int], list[float]] = {}
-        """(trajectory id, step) -> the teacher's log-probabilities of its tokens (distillation)."""
-        self.iteration = 0
         self.runlog = runlog.RunLog(self.out, self.run_id)
 
     def _build_model(self, source: str) -> None:
@@ -116,16 +128,24 @@ class Trainer:
         self.bf16 = bf16_supported(self.device) if config.bf16 is None else config.bf16
         self.extra_modules = {name: module.to(self.device) for name, module in
                               self.make_extra_modules(base.config.hidden_size).items()}
-        groups = {slot: self.param_groups(slot) for slot in self.slots}
-        self.group_names = {slot: [g.pop("name", str(n)) for n, g in enumerate(gs)] for slot, gs in groups.items()}
-        """Each optimizer's parameter groups by name ('0': the LoRA), for their gradient norms."""
-        self.optimizers = {slot: torch.optim.AdamW(groups[slot]) for slot in self.slots}
-        """One optimizer per LoRA: a role's updates never move another role's adapter or state."""
-        self.base_lrs = {slot: [g["lr"] for g in opt.param_groups] for slot, opt in self.optimizers.items()}
+        if self.group is not None and self.extra_modules:
+            raise Unsupported(f"{type(self).__name__} trains {', '.join(self.extra_modules)} beside the LoRA; "
+                              "a distributed update trains LoRAs only: use GRPO")
+        self.group_names, self.optimizers, self.base_lrs = {}, {}, {}
+        for slot in self.slots:
+            self.remake_optimizer(slot)
         self.active_slot = DEFAULT_SLOT
         """The slot whose LoRA forward passes, updates and `optimizer` use now (`training`)."""
         self.chunker = memory.budget_chunker(self.model, base.config, config, self.device, self.eager_up_to)
         """Cuts a minibatch's sorted lengths into microbatches within `max_memory_gb` (None: no budget)."""
+
+    def remake_optimizer(self, slot: str) -> None:
+        """A fresh optimizer for a slot's LoRA (one per LoRA: a role's updates never move another
+        role's adapter or state), with its parameter groups' names ('0': the LoRA) and rates."""
+        groups = self.param_groups(slot)
+        self.group_names[slot] = [g.pop("name", str(n)) for n, g in enumerate(groups)]
+        self.optimizers[slot] = torch.optim.AdamW(groups)
+        self.base_lrs[slot] = [g["lr"] for g in self.optimizers[slot].param_groups]
 
     # ------------------------------------------------------------------ what an algorithm supplies
     def make_extra_modules(self, hidden_size: int) -> dict[str, torch.nn.Module]:
@@ -179,6 +199,12 @@ class Trainer:
                 "ForgeLLM(policy, role_slot=...), which declares it on the policy. Nothing was trained.")
         return slot
 
+    def reduce_gradients(self, now: bool):
+        """Whether this backward pass reduces the gradients over a DDP group (the last of a
+        step's microbatches) or only accumulates them here (`no_sync`)."""
+        body = self.bodies.get(self.active_slot)
+        return nullcontext() if now or body is None else body.no_sync()
+
     @contextmanager
     def training(self, slot: str):
         """Forward passes, updates and `optimizer` use the LoRA of `slot` inside this block."""
@@ -200,6 +226,9 @@ class Trainer:
         or one task of each kind so no kind is starved)."""
         from tqdm.auto import tqdm
 
+        if self.follower:  # the leader collects; this rank takes its share of each update
+            distributed.follow(self)
+            return []
         if not callable(rollout) and not isinstance(rollout, rollouts.EpisodeRunner):
             raise WrongType(f"rollout: expected a function task -> reward (or an EpisodeRunner such as "
                             f"RayRollouts), got {type(rollout).__name__}")
@@ -207,15 +236,18 @@ class Trainer:
             tasks = list(tasks)
             if not tasks:
                 raise InvalidArgument("tasks: expected at least one task")
-        if resume:
-            self.resume()
-        elif self.previous_run and self.iteration == 0:
-            raise runs.refuse(self.out, self.run_id)
-        bar = tqdm(range(self.iteration, iterations), desc="training", unit="it",
-                   disable=not self.config.progress, initial=self.iteration, total=iterations)
-        for it in bar:
-            metrics = self.run_iteration(rollout, tasks, it)
-            bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", success=f"{metrics['success_rate']:.2f}")
+        try:
+            if resume:
+                self.resume()
+            elif self.previous_run and self.iteration == 0:
+                raise runs.refuse(self.out, self.run_id)
+            bar = tqdm(range(self.iteration, iterations), desc="training", unit="it",
+                       disable=not self.config.progress, initial=self.iteration, total=iterations)
+            for it in bar:
+                metrics = self.run_iteration(rollout, tasks, it)
+                bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", success=f"{metrics['success_rate']:.2f}")
+        finally:
+            distributed.stop(self)
         return self.history
 
     def run_iteration(self, rollout: Rollout | rollouts.EpisodeRunner, tasks: Sequence[Any] | TaskSchedule,
@@ -259,7 +291,7 @@ class Trainer:
             with self.training(slot):
                 samples, batch_stats, adv_stats = self.prepare(mine)
                 self.record_credit(mine, samples, it + 1)
-                update_stats = update.update(self, samples) if samples else {}
+                update_stats = distributed.run_update(self, samples) if samples else {}
             trained_tokens += batch_stats.trained_tokens
             stats = {**adv_stats, **{f"batch_{k}": v for k, v in vars(batch_stats).items()}, **update_stats}
             learned.update(stats if len(self.slots) == 1 else {f"{slot}/{k}": v for k, v in stats.items()})
@@ -331,7 +363,7 @@ class Trainer:
         with self.autocast():
             return token_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
                                   batch["loss_mask"], with_entropy, batch["temperature"],
-                                  share_prefix=self.share_prefix)
+                                  share_prefix=self.share_prefix, body=self.bodies.get(self.active_slot))
 
     def old_logprobs(self, logp: torch.Tensor, batch: dict) -> torch.Tensor:
         """pi_old [B, T]: the trainer's own log-probabilities before this update (`update.score_old`),
@@ -352,6 +384,7 @@ class Trainer:
         if len(self.slots) > 1:
             raise Unsupported("freeze_reference with per-role adapters (role_slots): the KL "
                               "reference is the base model there")
+        distributed.check_local(self, "freeze_reference")
         return self.reference.freeze(self.model, self.out / "reference")
 
     # ------------------------------------------------------------------ publish, log, checkpoint
@@ -366,7 +399,8 @@ class Trainer:
 
     def publish_all(self, n: int | str) -> dict[str, str]:
         """Save version `n` of every LoRA and make the live policy serve each from its slot."""
-        return publish_all(self.model, self.policy, self.out / "adapters", self.config.run_name, self.slots, n)
+        weights = self.gathered["weights"] if self.group is not None and self.group.sharded else None
+        return publish_all(self.model, self.policy, self.out / "adapters", self.config.run_name, self.slots, n, weights)
 
     @property
     def history(self) -> list[dict]:
@@ -381,10 +415,17 @@ class Trainer:
 
     def resume(self) -> int:
         """Continue the run in the folder from its last checkpoint (`runlog.resume`)."""
+        distributed.check_local(self, "resume")
         return runlog.resume(self)
 
+    @property
+    def follower(self) -> bool:
+        """A rank of a process group other than the leader: it only takes its share of updates."""
+        return self.group is not None and not self.group.leader
+
     def close(self) -> None:
-        self.runlog.close()
+        if not self.follower:
+            self.runlog.close()
 
 
 def role_slots(configured: dict[str, str] | None, declared: dict[str, str]) -> dict[str, str]:

@@ -47,11 +47,18 @@ def adapter_parameters(model: Any, adapter: str = DEFAULT_ADAPTER) -> list:
     return [p for name, p in model.named_parameters() if own.search(name)]
 
 
-def save_adapter(model: Any, path: str | Path, adapter: str = DEFAULT_ADAPTER) -> Path:
+def is_lora(name: str) -> bool:
+    """Whether a parameter of the peft model (by name) belongs to a LoRA, whichever adapter."""
+    return ".lora_A." in name or ".lora_B." in name
+
+
+def save_adapter(model: Any, path: str | Path, adapter: str = DEFAULT_ADAPTER, weights: dict | None = None) -> Path:
     """Write one LoRA adapter (safetensors) to `path` atomically: a reader finds the old complete
-    version or the new one at every instant, even across a crash (`forge_bridge.core.atomic`)."""
+    version or the new one at every instant, even across a crash (`forge_bridge.core.atomic`).
+    `weights`: the LoRA's tensors by parameter name, where the model's own are shards (FSDP2)."""
     def write(tmp: Path) -> None:
-        model.save_pretrained(str(tmp), safe_serialization=True, selected_adapters=[adapter])
+        model.save_pretrained(str(tmp), safe_serialization=True, selected_adapters=[adapter],
+                              **({"state_dict": weights} if weights is not None else {}))
         if adapter != DEFAULT_ADAPTER:  # peft writes a named adapter into a subfolder
             for item in (tmp / adapter).iterdir():
                 os.replace(item, tmp / item.name)

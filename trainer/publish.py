@@ -16,7 +16,7 @@ import torch
 
 from forge_bridge.policies.base import DEFAULT_SLOT, Policy
 from forge_bridge.trainer.logprobs import token_logprobs
-from forge_bridge.trainer.lora import load_adapter_weights, save_adapter
+from forge_bridge.trainer.lora import save_adapter
 
 
 WARM_START = "sft"
@@ -32,13 +32,14 @@ def version_name(run_name: str, n: int | str, slot: str = DEFAULT_SLOT) -> str:
 
 
 def publish_all(model: Any, policy: Policy, folder: Path, run_name: str, slots: Sequence[str],
-                n: int | str) -> dict[str, str]:
+                n: int | str, weights: dict | None = None) -> dict[str, str]:
     """Save version `n` of every slot's LoRA atomically and make the live policy serve each from
-    its slot (a version it already holds is not loaded twice); returns slot -> version."""
+    its slot (a version it already holds is not loaded twice); returns slot -> version.
+    `weights`: the LoRA's full tensors by parameter name, when the model holds a shard only."""
     versions = {}
     for slot in slots:
         version = versions[slot] = version_name(run_name, n, slot)
-        path = save_adapter(model, folder / version, adapter=slot)
+        path = save_adapter(model, folder / version, adapter=slot, weights=weights)
         if version not in policy.versions(slot):
             policy.load_adapter(path, version, slot=slot)
     return versions
@@ -50,6 +51,8 @@ class Reference:
     def __init__(self) -> None:
         self.model: Any = None
         """The frozen reference, merged into a plain model (None: the base, adapter disabled)."""
+        self.lora: dict[str, torch.Tensor] | None = None
+        """The LoRA weights `model` was merged from."""
 
     def freeze(self, model: Any, folder: Path) -> Path:
         """Make `model`'s current LoRA the reference; saved in `folder`, so a resumed run keeps it."""
@@ -59,8 +62,21 @@ class Reference:
 
     def load(self, model: Any, path: Path) -> None:
         """The reference from a saved LoRA of `model`'s shape."""
+        from safetensors.torch import load_file
+
+        self.load_weights(model, load_file(str(Path(path) / "adapter_model.safetensors")))
+
+    def weights(self) -> dict[str, torch.Tensor] | None:
+        """The frozen reference's LoRA as saved (peft's names), to give another process (None: the base)."""
+        return self.lora
+
+    def load_weights(self, model: Any, lora: dict[str, torch.Tensor]) -> None:
+        """The reference from LoRA weights of `model`'s shape (peft's saved names)."""
+        from peft import set_peft_model_state_dict
+
         ref = copy.deepcopy(model)
-        load_adapter_weights(ref, path)
+        set_peft_model_state_dict(ref, lora)
+        self.lora = lora
         ref = ref.merge_and_unload().eval()  # a plain model: no LoRA cost in its forward
         for p in ref.parameters():
             p.requires_grad_(False)

@@ -98,10 +98,11 @@ def summary_line(metrics: dict) -> str:
 
 def save_checkpoint(trainer: "Trainer") -> Path:
     """The trainer's LoRAs, optimizers, extra modules and random states at its current iteration."""
+    gathered = trainer.gathered if trainer.group is not None and trainer.group.sharded else None
     return checkpoint.save(trainer.out / "checkpoints", trainer.iteration, trainer.model, trainer.optimizers,
                            trainer.extra_modules, {"config": trainer.config.to_dict(),
                                                    "trainer_rng": list(trainer.rng.getstate()[1]),
-                                                   **trainer.checkpoint_state()})
+                                                   **trainer.checkpoint_state()}, gathered)
 
 
 def resume(trainer: "Trainer") -> int:

@@ -15,6 +15,7 @@ import torch
 from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.core.types import Trajectory
 from forge_bridge.policies.base import DEFAULT_SLOT
+from forge_bridge.trainer import distributed
 from forge_bridge.trainer.batch import build_samples
 from forge_bridge.trainer.config import SFTConfig
 from forge_bridge.trainer.logprobs import token_logprobs
@@ -42,6 +43,7 @@ def sft(trainer: Trainer, demonstrations: Sequence[Trajectory], config: SFTConfi
     (`held_out_base`, `held_out_sft`: success per kind). With per-role LoRAs (`role_slots`),
     each role's demonstrations train its own LoRA (`sft_loss_first/<slot>`, ...). `on_epoch(k)`
     is called after each epoch k (from 1), the model in eval mode (per slot, with role slots)."""
+    distributed.check_local(trainer, "SFT")
     demonstrations = list(demonstrations)
     trajs = [t for t in demonstrations if t.transitions]
     if not trajs:

@@ -13,40 +13,74 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import torch
 
 from forge_bridge.trainer.batch import Sample
+from forge_bridge.trainer.distributed import full_norm
 
 if TYPE_CHECKING:
     from forge_bridge.trainer.loop import Trainer
 
 
-def update(trainer: "Trainer", samples: list[Sample]) -> dict:
-    """`epochs` passes of minibatch steps over the samples on the active LoRA; returns the
-    statistics averaged over the steps, and how many were taken."""
-    config = trainer.config
-    if config.epochs > 1 or len(samples) > config.minibatch_size:
+def plan(trainer: "Trainer", count: int) -> list[list[list[int]]]:
+    """Which samples each optimizer step takes: epochs x minibatches x sample indices, each
+    epoch's order shuffled by the trainer's random generator."""
+    config, out = trainer.config, []
+    for _ in range(config.epochs):
+        order = list(range(count))
+        trainer.rng.shuffle(order)
+        out.append([order[start:start + config.minibatch_size] for start in range(0, count, config.minibatch_size)])
+    return out
+
+
+def update(trainer: "Trainer", samples: list[Sample], steps: list[list[list[int]]] | None = None) -> dict:
+    """The optimizer steps of `steps` (`plan`; None: a new plan) on the active LoRA; returns the statistics
+    averaged over the steps, and how many were taken. In a process group, every rank runs this
+    at once on the same samples and takes its share of each step (`trainer/distributed.py`)."""
+    steps = plan(trainer, len(samples)) if steps is None else steps
+    if len(steps) > 1 or len(steps[0]) > 1:
         score_old(trainer, samples)  # later steps would otherwise see an already-moved policy
     trainer.model.train()
     totals: dict[str, float] = {}
-    steps = 0
-    for _ in range(config.epochs):
-        order = list(range(len(samples)))
-        trainer.rng.shuffle(order)
-        for start in range(0, len(order), config.minibatch_size):
-            stats = optimizer_step(trainer, [samples[i] for i in order[start:start + config.minibatch_size]])
+    for epoch in steps:
+        for indices in epoch:
+            stats = optimizer_step(trainer, [samples[i] for i in indices])
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0.0) + v
-            steps += 1
     trainer.model.eval()
-    return {k: v / max(steps, 1) for k, v in totals.items()} | {"optimizer_steps": steps}
+    taken = sum(map(len, steps))
+    return {k: v / max(taken, 1) for k, v in totals.items()} | {"optimizer_steps": taken}
 
 
 def score_old(trainer: "Trainer", samples: list[Sample]) -> None:
-    """pi_old: the log-probabilities of every sample under the weights before this update."""
+    """pi_old: the log-probabilities of every sample under the weights before this update (in a
+    process group, each rank scores its share and they exchange the results)."""
     size = trainer.config.microbatch_size or trainer.config.minibatch_size
+    chunks = [chunk for chunk, _ in microbatches(samples, size, "token", trainer.chunker)]
+    scored = {}
     with torch.no_grad():
-        for chunk, _ in microbatches(samples, size, "token", trainer.chunker):
+        for k, chunk in my_share(trainer, [(c, 1.0) for c in chunks]):
             logp = trainer.score(trainer.collate(chunk))[0]
-            for b, sample in enumerate(chunk):
-                sample.trainer_logprobs = logp[b, :len(sample.input_ids)].tolist()
+            if k is not None:
+                scored[k] = [logp[b, :len(s.input_ids)].tolist() for b, s in enumerate(chunk)]
+    if trainer.group is not None:
+        scored = {k: v for part in trainer.group.gather(scored) for k, v in part.items()}
+    for k, chunk in enumerate(chunks):
+        for sample, logp in zip(chunk, scored[k]):
+            sample.trainer_logprobs = logp
+
+
+def my_share(trainer: "Trainer", chunks: list[tuple[list[Sample], float]]
+             ) -> list[tuple[int | None, list[Sample]]]:
+    """The (index, chunk) pairs this process runs: all of them alone; in a process group, its
+    share by tokens (`distributed.assign`), padded with index None (a chunk run for nothing) to
+    as many as any rank runs, since every rank must make the same collective calls."""
+    group = trainer.group
+    if group is None:
+        return list(enumerate(c for c, _ in chunks))
+    sizes = [sum(len(s.input_ids) for s in c) for c, _ in chunks]
+    from forge_bridge.trainer.distributed import assign
+
+    mine = assign(sizes, group.size)[group.rank]
+    filler = min(range(len(chunks)), key=lambda i: sizes[i])
+    return [(i, chunks[i][0]) for i in mine] + [(None, chunks[filler][0])] * (group.most(len(mine)) - len(mine))
 
 
 def microbatches(minibatch: Sequence[Sample], size: int | None, aggregation: str,
@@ -69,25 +103,34 @@ def microbatches(minibatch: Sequence[Sample], size: int | None, aggregation: str
 
 def optimizer_step(trainer: "Trainer", minibatch: list[Sample]) -> dict[str, float]:
     """One optimizer step on the minibatch (PPO's value loss, averaged over steps rather than
-    tokens, is accumulated only approximately)."""
-    optimizer = trainer.optimizer
+    tokens, is accumulated only approximately). In a process group each rank runs its share of
+    the microbatches, each weighted by its share of the whole minibatch times the world size
+    (torch averages the ranks' gradients), and the gradients are reduced on the last backward."""
+    optimizer, group = trainer.optimizer, trainer.group
     optimizer.zero_grad(set_to_none=True)
+    size = trainer.config.microbatch_size or (-(-len(minibatch) // group.size) if group else None)
+    chunks = microbatches(minibatch, size, trainer.config.loss_aggregation, trainer.chunker)
+    weights = dict(enumerate(w * (group.size if group else 1) for _, w in chunks))
+    runs = my_share(trainer, chunks)
     stats: dict[str, float] = {}
-    for chunk, weight in microbatches(minibatch, trainer.config.microbatch_size, trainer.config.loss_aggregation,
-                                      trainer.chunker):
+    for n, (k, chunk) in enumerate(runs):
+        weight = 0.0 if k is None else weights[k]
         batch = trainer.collate(chunk)
-        logp, hidden, entropy = trainer.score(batch, with_entropy=True)
-        with trainer.autocast():
-            loss, chunk_stats = trainer.loss(logp, hidden, batch)
-        (loss * weight).backward()
+        with trainer.reduce_gradients(n == len(runs) - 1):
+            logp, hidden, entropy = trainer.score(batch, with_entropy=True)
+            with trainer.autocast():
+                loss, chunk_stats = trainer.loss(logp, hidden, batch)
+            (loss * weight).backward()
         chunk_stats.update(loss=float(loss.detach()),
                            entropy=float(entropy.mean()) if entropy is not None and entropy.numel() else 0.0)
-        for k, v in chunk_stats.items():
-            stats[k] = stats.get(k, 0.0) + weight * v
+        for key, v in chunk_stats.items():
+            stats[key] = stats.get(key, 0.0) + (0.0 if k is None else chunks[k][1] * v)
+    if group is not None:
+        stats = {key: sum(part.get(key, 0.0) for part in group.gather(stats)) for key in sorted(stats)}
     # each parameter group clipped on its own: a young value head's large gradient must not
     # shrink the LoRA's step (the first group is the LoRA; its norm is `grad_norm`)
-    for n, (group, name) in enumerate(zip(optimizer.param_groups, trainer.group_names[trainer.active_slot])):
-        norm = float(torch.nn.utils.clip_grad_norm_(group["params"], trainer.config.grad_clip))
+    for n, (group_params, name) in enumerate(zip(optimizer.param_groups, trainer.group_names[trainer.active_slot])):
+        norm = full_norm(torch.nn.utils.clip_grad_norm_(group_params["params"], trainer.config.grad_clip))
         stats["grad_norm" if n == 0 else f"grad_norm_{name}"] = norm
     stats["lr"] = warm_up(optimizer, trainer.base_lrs[trainer.active_slot], trainer.config.warmup_steps)
     optimizer.step()
@@ -106,4 +149,4 @@ def warm_up(optimizer: torch.optim.Optimizer, base_lrs: Sequence[float], warmup_
     return optimizer.param_groups[0]["lr"]
 
 
-__all__ = ["microbatches", "optimizer_step", "score_old", "update", "warm_up"]
+__all__ = ["microbatches", "my_share", "optimizer_step", "plan", "score_old", "update", "warm_up"]
