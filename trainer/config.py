@@ -258,6 +258,8 @@ class PPOConfig(TrainerConfig):
         _check(_number(self.value_lr) and self.value_lr > 0, "value_lr", "a number > 0", self.value_lr)
         _check(self.role_slots is None, "role_slots", "None with PPO (its value head is shared by "
                "every role; train per-role adapters with GRPO)", self.role_slots)
+        _check(self.distributed is None, "distributed", "None with PPO (a distributed update trains LoRAs "
+               "only, not the value head; spread GRPO's)", self.distributed)
 
 
 @dataclass(frozen=True)

@@ -76,22 +76,6 @@ class Group:
         dist.all_gather_object(out, value)
         return out
 
-    def sum(self, values: Sequence[float]) -> list[float]:
-        """The elementwise sum of `values` over the ranks (the same length on each)."""
-        import torch.distributed as dist
-
-        t = torch.tensor(list(values), dtype=torch.float64)
-        dist.all_reduce(t)
-        return t.tolist()
-
-    def most(self, value: int) -> int:
-        """The largest `value` of any rank."""
-        import torch.distributed as dist
-
-        t = torch.tensor([value], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t)
-
 
 def join(config: Distributed | None) -> Group | None:
     """This process's group: the one torch.distributed already has (Ray Train starts it), or one
@@ -217,7 +201,7 @@ def spread(trainer: "Trainer") -> None:
         ids = [torch.device(trainer.device).index] if str(trainer.device).startswith("cuda") else None
         for slot in trainer.slots:  # DDP hooks the parameters that require grad: the active slot's
             with trainer.training(slot):
-                trainer.bodies[slot] = DistributedDataParallel(body, device_ids=ids, broadcast_buffers=False)
+                trainer.bodies[slot] = DistributedDataParallel(body, device_ids=ids, forward_sync_buffers=False)
     else:
         shard(trainer, body)
     group.spread = True

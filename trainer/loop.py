@@ -128,9 +128,6 @@ class Trainer:
         self.bf16 = bf16_supported(self.device) if config.bf16 is None else config.bf16
         self.extra_modules = {name: module.to(self.device) for name, module in
                               self.make_extra_modules(base.config.hidden_size).items()}
-        if self.group is not None and self.extra_modules:
-            raise Unsupported(f"{type(self).__name__} trains {', '.join(self.extra_modules)} beside the LoRA; "
-                              "a distributed update trains LoRAs only: use GRPO")
         self.group_names, self.optimizers, self.base_lrs = {}, {}, {}
         for slot in self.slots:
             self.remake_optimizer(slot)

@@ -56,7 +56,7 @@ def score_old(trainer: "Trainer", samples: list[Sample]) -> None:
     chunks = [chunk for chunk, _ in microbatches(samples, size, "token", trainer.chunker)]
     scored = {}
     with torch.no_grad():
-        for k, chunk in my_share(trainer, [(c, 1.0) for c in chunks]):
+        for k, chunk in my_share(trainer, [(c, 1.0) for c in chunks])[0]:
             logp = trainer.score(trainer.collate(chunk))[0]
             if k is not None:
                 scored[k] = [logp[b, :len(s.input_ids)].tolist() for b, s in enumerate(chunk)]
@@ -68,19 +68,21 @@ def score_old(trainer: "Trainer", samples: list[Sample]) -> None:
 
 
 def my_share(trainer: "Trainer", chunks: list[tuple[list[Sample], float]]
-             ) -> list[tuple[int | None, list[Sample]]]:
-    """The (index, chunk) pairs this process runs: all of them alone; in a process group, its
+             ) -> tuple[list[tuple[int | None, list[Sample]]], list[int]]:
+    """The (index, chunk) pairs this process runs -- all of them alone; in a process group, its
     share by tokens (`distributed.assign`), padded with index None (a chunk run for nothing) to
-    as many as any rank runs, since every rank must make the same collective calls."""
+    as many as any rank runs, since every rank must make the same collective calls -- and the
+    tokens each rank runs."""
     group = trainer.group
-    if group is None:
-        return list(enumerate(c for c, _ in chunks))
     sizes = [sum(len(s.input_ids) for s in c) for c, _ in chunks]
+    if group is None:
+        return list(enumerate(c for c, _ in chunks)), [sum(sizes)]
     from forge_bridge.trainer.distributed import assign
 
-    mine = assign(sizes, group.size)[group.rank]
-    filler = min(range(len(chunks)), key=lambda i: sizes[i])
-    return [(i, chunks[i][0]) for i in mine] + [(None, chunks[filler][0])] * (group.most(len(mine)) - len(mine))
+    shares = assign(sizes, group.size)
+    mine, filler = shares[group.rank], min(range(len(chunks)), key=lambda i: sizes[i])
+    runs = [(i, chunks[i][0]) for i in mine] + [(None, chunks[filler][0])] * (max(map(len, shares)) - len(mine))
+    return runs, [sum(sizes[i] for i in share) for share in shares]
 
 
 def microbatches(minibatch: Sequence[Sample], size: int | None, aggregation: str,
@@ -111,7 +113,7 @@ def optimizer_step(trainer: "Trainer", minibatch: list[Sample]) -> dict[str, flo
     size = trainer.config.microbatch_size or (-(-len(minibatch) // group.size) if group else None)
     chunks = microbatches(minibatch, size, trainer.config.loss_aggregation, trainer.chunker)
     weights = dict(enumerate(w * (group.size if group else 1) for _, w in chunks))
-    runs = my_share(trainer, chunks)
+    runs, loads = my_share(trainer, chunks)
     stats: dict[str, float] = {}
     for n, (k, chunk) in enumerate(runs):
         weight = 0.0 if k is None else weights[k]
@@ -127,6 +129,7 @@ def optimizer_step(trainer: "Trainer", minibatch: list[Sample]) -> dict[str, flo
             stats[key] = stats.get(key, 0.0) + (0.0 if k is None else chunks[k][1] * v)
     if group is not None:
         stats = {key: sum(part.get(key, 0.0) for part in group.gather(stats)) for key in sorted(stats)}
+        stats.update(world_size=group.size, rank_tokens_max=max(loads), rank_tokens_min=min(loads))
     # each parameter group clipped on its own: a young value head's large gradient must not
     # shrink the LoRA's step (the first group is the LoRA; its norm is `grad_norm`)
     for n, (group_params, name) in enumerate(zip(optimizer.param_groups, trainer.group_names[trainer.active_slot])):
