@@ -34,12 +34,17 @@ class Distributed:
     else gloo), 'gloo' or 'nccl'."""
     offload: bool = False
     """FSDP2 only: keep the sharded parameters on the CPU between uses (a GPU's memory lever)."""
+    timeout_s: float = 86400.0
+    """How long a rank waits on the others when this process group is started here: the other
+    ranks wait out the leader's rollouts (and warm start) each iteration, so hours, not torch's
+    default 30 minutes. Ray Train starts its own group: give it `TorchConfig(timeout_s=...)`."""
 
     def __post_init__(self) -> None:
         _check(self.strategy in ("ddp", "fsdp"), "strategy", "'ddp' or 'fsdp'", self.strategy)
         _check(self.backend in ("auto", "gloo", "nccl"), "backend", "'auto', 'gloo' or 'nccl'", self.backend)
         _check(isinstance(self.offload, bool), "offload", "a bool", self.offload)
         _check(not self.offload or self.strategy == "fsdp", "offload", "False with strategy 'ddp'", self.offload)
+        _check(_number(self.timeout_s) and self.timeout_s > 0, "timeout_s", "a number of seconds > 0", self.timeout_s)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ weights alone (SFT, resuming, a new KL reference) is refused.
 
 from __future__ import annotations
 
+import datetime
 import os
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -89,7 +90,7 @@ def join(config: Distributed | None) -> Group | None:
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
             return None
         backend = config.backend if config.backend != "auto" else "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=config.timeout_s))
     if dist.get_world_size() <= 1:
         return None
     return Group(config)
@@ -281,9 +282,18 @@ def gather(trainer: "Trainer") -> dict:
     return {"weights": weights, "optimizers": optimizers}
 
 
+def reducing(trainer: "Trainer", now: bool) -> Any:
+    """Whether this backward pass reduces the gradients over a DDP group (the last of a step's
+    microbatches) or only accumulates them here (`no_sync`); FSDP2 reduce-scatters each one."""
+    from contextlib import nullcontext
+
+    body = trainer.bodies.get(trainer.active_slot)
+    return nullcontext() if now or body is None else body.no_sync()
+
+
 def full_norm(norm: torch.Tensor) -> float:
     """A gradient norm as a number (FSDP2's is a replicated DTensor)."""
     return float(_full(norm))
 
 
-__all__ = ["Group", "assign", "check_local", "follow", "join", "leader", "run_update", "stop"]
+__all__ = ["Group", "assign", "check_local", "follow", "join", "leader", "reducing", "run_update", "stop"]

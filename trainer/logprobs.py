@@ -53,6 +53,21 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
     return logp, hidden, entropy
 
 
+EAGER_MAX_LEN = 512
+"""On a CPU, batches up to this many tokens run eager attention, longer ones sdpa (`choose_attention`)."""
+
+
+def choose_attention(model: Any, length: int, eager_up_to: int = EAGER_MAX_LEN) -> None:
+    """Set the attention of a transformers `model` for a batch of `length` tokens. On a CPU,
+    sdpa's backward is the slowest op of short-sequence updates and plain matmul (eager)
+    attention is faster there (a third of the update with prefix sharing), but eager keeps
+    every head's [length, length] weights for the backward pass: past `eager_up_to` tokens,
+    sdpa's fused kernel, whose memory grows with the length only."""
+    wanted = "eager" if length <= eager_up_to else "sdpa"
+    if model.config._attn_implementation != wanted:
+        model.set_attn_implementation(wanted)
+
+
 CHUNK_POSITIONS = 256
 """Trained positions whose [C, V] float32 logits exist at once (a 49k vocabulary: 50 MB)."""
 

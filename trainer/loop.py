@@ -14,7 +14,7 @@ import dataclasses
 import json
 import random
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -22,24 +22,21 @@ import torch
 
 from forge_bridge.core import runs
 from forge_bridge.core.episode import Recorder
-from forge_bridge.core.errors import InvalidArgument, InvalidState, Unsupported, WrongType
+from forge_bridge.core.errors import InvalidArgument, Unsupported, WrongType
 from forge_bridge.core.types import Trajectory, TrajectoryGroup
 from forge_bridge.policies.base import DEFAULT_SLOT, Policy
 from forge_bridge.policies.device import autocast, bf16_supported, resolve_device
 from forge_bridge.trainer import distributed, memory, rollouts, runlog
 from forge_bridge.trainer.batch import BatchStats, Sample, collate, trained_tokens_per_step
 from forge_bridge.trainer.config import TrainerConfig
-from forge_bridge.trainer.logprobs import token_logprobs
+from forge_bridge.trainer.logprobs import EAGER_MAX_LEN, choose_attention, token_logprobs
 from forge_bridge.trainer.lora import adapter_parameters, attach_lora
 from forge_bridge.trainer.publish import Reference, publish_all, version_name
 from forge_bridge.trainer.rollouts import Rollout, TaskSchedule
+from forge_bridge.trainer.slots import check_served, role_slots
 
 if TYPE_CHECKING:
     from forge_bridge.trainer.probe import ProbeReport
-
-
-EAGER_MAX_LEN = 512
-"""On a CPU, batches up to this many tokens run eager attention, longer ones sdpa (`Trainer.attention`)."""
 
 
 class Trainer:
@@ -183,24 +180,8 @@ class Trainer:
         return self.role_slots.get(role, DEFAULT_SLOT) if role else DEFAULT_SLOT
 
     def slot_of_steps(self, role: str | None, trajectories: Sequence[Trajectory]) -> str:
-        """The slot a role's trajectories train, checked against the slot that served their
-        steps: a LoRA trained on one slot's steps and published to another would never serve
-        them (the crew would not improve), so a mismatch is refused, naming both mappings."""
-        slot = self.slot_of_role(role)
-        served = {s.slot for t in trajectories for s in t.transitions if s.slot is not None}
-        if served - {slot}:
-            raise InvalidState(
-                f"role {role!r} was served from slot {', '.join(sorted(served))} but this trainer would train "
-                f"slot {slot!r} (its role -> slot mapping: {self.role_slots or 'none'}); give the trainer the "
-                "mapping the agent is served with (GRPOConfig(role_slots=...)), or create the trainer after "
-                "ForgeLLM(policy, role_slot=...), which declares it on the policy. Nothing was trained.")
-        return slot
-
-    def reduce_gradients(self, now: bool):
-        """Whether this backward pass reduces the gradients over a DDP group (the last of a
-        step's microbatches) or only accumulates them here (`no_sync`)."""
-        body = self.bodies.get(self.active_slot)
-        return nullcontext() if now or body is None else body.no_sync()
+        """The slot a role's trajectories train, checked against the slots that served their steps."""
+        return check_served(role, self.slot_of_role(role), trajectories, self.role_slots)
 
     @contextmanager
     def training(self, slot: str):
@@ -341,16 +322,9 @@ class Trainer:
         return collate(samples, self.pad_id, self.device)
 
     def attention(self, length: int) -> None:
-        """Choose the attention for a batch of `length` tokens. On a CPU, sdpa's backward is the
-        slowest op of short-sequence updates and plain matmul (eager) attention is faster there (a
-        third of the update with prefix sharing), but eager keeps every head's [length, length]
-        weights for the backward pass: past `EAGER_MAX_LEN` tokens, sdpa's fused kernel, whose
-        memory grows with the length only."""
+        """Choose the attention for a batch of `length` tokens (`logprobs.choose_attention`)."""
         if self.eager_up_to:
-            base = self.model.get_base_model()
-            wanted = "eager" if length <= self.eager_up_to else "sdpa"
-            if base.config._attn_implementation != wanted:
-                base.set_attn_implementation(wanted)
+            choose_attention(self.model.get_base_model(), length, self.eager_up_to)
 
     def score(self, batch: dict, with_entropy: bool = False
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -424,14 +398,3 @@ class Trainer:
         if not self.follower:
             self.runlog.close()
 
-
-def role_slots(configured: dict[str, str] | None, declared: dict[str, str]) -> dict[str, str]:
-    """The role -> slot mapping a trainer trains by: the config's and the policy's declared one
-    together; a role the two put in different slots is refused, naming both."""
-    configured = configured or {}
-    clash = {role: (slot, declared[role]) for role, slot in configured.items() if declared.get(role, slot) != slot}
-    if clash:
-        raise InvalidArgument("role_slots: " + "; ".join(
-            f"role {role!r} is in slot {mine!r} here but the policy serves it from {theirs!r}"
-            for role, (mine, theirs) in clash.items()) + f" (GRPOConfig(role_slots={configured}), policy: {declared})")
-    return {**declared, **configured}

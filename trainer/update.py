@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import torch
 
 from forge_bridge.trainer.batch import Sample
-from forge_bridge.trainer.distributed import full_norm
+from forge_bridge.trainer.distributed import full_norm, reducing
 
 if TYPE_CHECKING:
     from forge_bridge.trainer.loop import Trainer
@@ -118,7 +118,7 @@ def optimizer_step(trainer: "Trainer", minibatch: list[Sample]) -> dict[str, flo
     for n, (k, chunk) in enumerate(runs):
         weight = 0.0 if k is None else weights[k]
         batch = trainer.collate(chunk)
-        with trainer.reduce_gradients(n == len(runs) - 1):
+        with reducing(trainer, n == len(runs) - 1):
             logp, hidden, entropy = trainer.score(batch, with_entropy=True)
             with trainer.autocast():
                 loss, chunk_stats = trainer.loss(logp, hidden, batch)

@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in the folder from its checkpoint")
     p.add_argument("--new", action="store_true", help="set an earlier run in the folder aside "
                    "(renamed to <out>-<time>) and start a new one")
+    p.add_argument("--nproc", type=int, default=1, help="processes the update is spread over, one per device "
+                   "(torchrun underneath; rank 0 rolls out, records and publishes; docs/scale.md)")
+    p.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp",
+                   help="with --nproc > 1: DDP (each process holds the model) or FSDP2 (each holds a shard)")
     p.set_defaults(func=training.cmd_train)
 
     p = sub.add_parser("sft", help="warm-start your own agent on demonstrations (version '<run>-sft')",
@@ -218,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what `train --nproc` runs again under torchrun
     try:
         return args.func(args)
     except (OSError, LookupError, ValueError, RuntimeError) as exc:

@@ -6,6 +6,7 @@ names their tasks (each with a `kind` for the probe)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -46,10 +47,20 @@ def cmd_train(args: argparse.Namespace) -> int:
         print("forge-bridge train: give --rollout (a Python function) or --agent-cmd (a program)",
               file=sys.stderr)
         return 2
+    if args.nproc < 1:
+        raise InvalidArgument(f"--nproc: expected an int >= 1, got {args.nproc}")
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        return _torchrun(args.nproc, args.argv)
     make_rollout = _load_attr(args.rollout, "--rollout") if args.rollout else None
     tasks = _tasks(args.tasks)
+    spread = {"distributed": fb.Distributed(strategy=args.strategy)} if args.nproc > 1 else {}
     config = (fb.GRPOConfig if args.algo == "grpo" else fb.PPOConfig)(**config_kwargs(args, TRAIN_FLAGS),
-                                                                     **teaching_kwargs(args))
+                                                                     **teaching_kwargs(args), **spread)
+    if spread:
+        from forge_bridge.trainer.distributed import leader
+
+        if not leader():
+            return _follow(args, config)
     if args.new:
         earlier = set_aside(config.out_dir)
         if earlier is not None:
@@ -69,6 +80,36 @@ def cmd_train(args: argparse.Namespace) -> int:
             policy.close()
         if server is not None:
             server.stop()
+
+
+def _torchrun(nproc: int, argv: list[str]) -> int:
+    """This command (`argv`) again on `nproc` processes of this machine, launched as `torchrun
+    --standalone` launches them (torch's elastic launcher, called here: torchrun's own flags
+    would take some of ours); 0, or 1 when a rank failed."""
+    import uuid
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)
+    try:
+        elastic_launch(config, sys.executable)("-m", "forge_bridge.app.cli", *argv)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        print(f"forge-bridge train: rank {rank} failed (exit code {failure.exitcode}); its error is above",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _follow(args: argparse.Namespace, config) -> int:
+    """A rank other than 0: no policy, rollouts or run folder; it takes its share of each update."""
+    import forge_bridge as fb
+
+    trainer = (fb.GRPOTrainer if args.algo == "grpo" else fb.PPOTrainer)(None, config, model=args.model)
+    trainer.train(None, [], args.iterations, resume=args.resume)
+    return 0
 
 
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)

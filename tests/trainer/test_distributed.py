@@ -164,3 +164,16 @@ def test_what_would_change_the_leader_alone_is_refused_once_spread(tmp_path):
     trainer.group = SimpleNamespace(failed="Connection closed by peer")
     with pytest.raises(InvalidState, match="restart the job"):
         distributed.check_usable(trainer.group)
+
+
+def test_the_command_line_spreads_the_update_with_nproc(choice_dir, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run([str(Path(sys.executable).parent / "forge-bridge"), "train", "--rollout",
+                           "training_task:rollout_for", "--tasks", "training_task:TASKS", "--model", str(choice_dir),
+                           "--iterations", "1", "--group-size", "4", "--no-probe", "--nproc", "2", "--strategy", "fsdp",
+                           "--out", str(out), "--run-name", "cli"],
+                          cwd=HERE, env=ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (out / "adapters" / "cli-v1" / "adapter_model.safetensors").is_file()
+    assert metrics(out)[-1]["world_size"] == 2 and metrics(out)[-1]["rank_tokens_min"] > 0
+    assert "done: 1 iterations, live adapter cli-v1" in proc.stdout

@@ -61,3 +61,8 @@ def make_rollout(agent):
         result = agent.invoke({"messages": [{"role": "user", "content": task["question"]}]})
         return 1.0 if "5" in str(result["messages"][-1].content) else 0.0
     return rollout
+
+
+def rollout_for(policy):
+    """`forge-bridge train --rollout training_task:rollout_for`: policy -> rollout(task) -> reward."""
+    return make_rollout(agent_for(policy))
