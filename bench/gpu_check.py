@@ -100,6 +100,7 @@ def update_throughput(model_dir: Path, device: str, samples, steps: int, microba
     from forge_bridge.policies.scripted import ScriptedPolicy
     from forge_bridge.trainer.config import GRPOConfig
     from forge_bridge.trainer.grpo import GRPOTrainer
+    from forge_bridge.trainer.update import update
 
     _, tokenizer = models.load(str(model_dir))
     policy = ScriptedPolicy(lambda m, t: "", tokenizer)  # the update needs no rollouts
@@ -109,7 +110,7 @@ def update_throughput(model_dir: Path, device: str, samples, steps: int, microba
     where = {p.device.type for p in trainer.model.parameters()}
     assert where == {torch.device(device).type}, f"parameters on {where}, expected {device}"
     tokens = sum(sum(s.loss_mask) for s in samples)
-    trainer.update(samples)  # warm-up: kernels, allocator, optimizer state
+    update(trainer, samples)  # warm-up: kernels, allocator, optimizer state
     state_devices = {t.device.type for st in trainer.optimizer.state.values() for t in st.values()
                      if isinstance(t, torch.Tensor) and t.dim() > 0}
     assert state_devices == {torch.device(device).type}, f"optimizer state on {state_devices}"
@@ -118,7 +119,7 @@ def update_throughput(model_dir: Path, device: str, samples, steps: int, microba
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        trainer.update(samples)
+        update(trainer, samples)
         sync()
         times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None

@@ -201,8 +201,9 @@ def spread(trainer: "Trainer") -> None:
 
         ids = [torch.device(trainer.device).index] if str(trainer.device).startswith("cuda") else None
         for slot in trainer.slots:  # DDP hooks the parameters that require grad: the active slot's
-            with trainer.training(slot):
-                trainer.bodies[slot] = DistributedDataParallel(body, device_ids=ids, forward_sync_buffers=False)
+            with trainer.training(slot):  # no init sync: the LoRAs were just sent, the base is the same files
+                trainer.bodies[slot] = DistributedDataParallel(body, device_ids=ids, init_sync=False,
+                                                               forward_sync_buffers=False)
     else:
         shard(trainer, body)
     group.spread = True

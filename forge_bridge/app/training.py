@@ -53,7 +53,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _torchrun(args.nproc, args.argv)
     make_rollout = _load_attr(args.rollout, "--rollout") if args.rollout else None
     tasks = _tasks(args.tasks)
-    spread = {"distributed": fb.Distributed(strategy=args.strategy)} if args.nproc > 1 else {}
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # by --nproc, or by torchrun on several machines
+    spread = {"distributed": fb.Distributed(strategy=args.strategy)} if launched else {}
     config = (fb.GRPOConfig if args.algo == "grpo" else fb.PPOConfig)(**config_kwargs(args, TRAIN_FLAGS),
                                                                      **teaching_kwargs(args), **spread)
     if spread:
