@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from forge_bridge.core.errors import InvalidState, Unsupported
+from forge_bridge.core.errors import ForgeBridgeError, InvalidState, Unsupported
 from forge_bridge.trainer.config import Distributed
 
 if TYPE_CHECKING:
@@ -132,6 +132,8 @@ def run_update(trainer: "Trainer", samples: list["Sample"]) -> dict:
         group.broadcast(("update", trainer.active_slot, samples, plan))
         return execute(trainer, samples, plan)
     except RuntimeError as exc:  # a rank died or the network failed mid-collective
+        if isinstance(exc, ForgeBridgeError):
+            raise
         group.failed = str(exc)
         raise InvalidState(
             f"the update failed on the process group ({exc}); nothing of this iteration was published or "

@@ -65,10 +65,3 @@ def save_adapter(model: Any, path: str | Path, adapter: str = DEFAULT_ADAPTER, w
             (tmp / adapter).rmdir()
     return write_dir(path, write)
 
-
-def load_adapter_weights(model: Any, path: str | Path, adapter: str = DEFAULT_ADAPTER) -> None:
-    """Load saved LoRA weights (safetensors only) into an already-attached LoRA."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    set_peft_model_state_dict(model, load_file(str(Path(path) / "adapter_model.safetensors")), adapter_name=adapter)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import torch
 
 from forge_bridge.trainer.batch import Sample
-from forge_bridge.trainer.distributed import full_norm, reducing
+from forge_bridge.trainer.distributed import assign, full_norm, reducing
 
 if TYPE_CHECKING:
     from forge_bridge.trainer.loop import Trainer
@@ -31,8 +31,8 @@ def plan(trainer: "Trainer", count: int) -> list[list[list[int]]]:
 
 
 def update(trainer: "Trainer", samples: list[Sample], steps: list[list[list[int]]] | None = None) -> dict:
-    """The optimizer steps of `steps` (`plan`; None: a new plan) on the active LoRA; returns the statistics
-    averaged over the steps, and how many were taken. In a process group, every rank runs this
+    """The optimizer steps of `steps` (`plan`; None: a new plan) on the active LoRA; returns the
+    statistics averaged over the steps, and how many were taken. In a process group, every rank runs this
     at once on the same samples and takes its share of each step (`trainer/distributed.py`)."""
     steps = plan(trainer, len(samples)) if steps is None else steps
     if len(steps) > 1 or len(steps[0]) > 1:
@@ -77,8 +77,6 @@ def my_share(trainer: "Trainer", chunks: list[tuple[list[Sample], float]]
     sizes = [sum(len(s.input_ids) for s in c) for c, _ in chunks]
     if group is None:
         return list(enumerate(c for c, _ in chunks)), [sum(sizes)]
-    from forge_bridge.trainer.distributed import assign
-
     shares = assign(sizes, group.size)
     mine, filler = shares[group.rank], min(range(len(chunks)), key=lambda i: sizes[i])
     runs = [(i, chunks[i][0]) for i in mine] + [(None, chunks[filler][0])] * (max(map(len, shares)) - len(mine))
