@@ -22,7 +22,7 @@ from forge_bridge.core.errors import (
 )
 from forge_bridge.core.recording import StepRewards
 from forge_bridge.core.store import TrajectoryStore
-from forge_bridge.core.types import Action, Observation, ToolCall, Trajectory, TrajectoryGroup, Transition
+from forge_bridge.core.types import Action, Feedback, Observation, ToolCall, Trajectory, TrajectoryGroup, Transition
 from forge_bridge.envs.base import Environment, StepResult
 from forge_bridge.policies.base import Policy, PolicyOutput, sampling
 
@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see for the lazy names
     from forge_bridge.trainer.grpo import GRPOTrainer
     from forge_bridge.trainer.ppo import PPOTrainer
     from forge_bridge.trainer.sft import sft
+    from forge_bridge.rewards.feedback import feedback
     from forge_bridge.trainer.teacher import Teacher
 
 __version__ = "0.1.0"
@@ -55,6 +56,7 @@ _LAZY = {
     "Guidance": "forge_bridge.trainer.config",
     "Distributed": "forge_bridge.trainer.config",
     "Teacher": "forge_bridge.trainer.teacher",
+    "feedback": "forge_bridge.rewards.feedback",
     "sft": "forge_bridge.trainer.sft",
     "record_demonstrations": "forge_bridge.trainer.demonstrations",
     "read_demonstrations": "forge_bridge.trainer.demonstrations",
@@ -75,10 +77,10 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "Action", "AdapterError", "Distributed", "Environment", "Episode", "ForgeBridgeError", "GRPOConfig",
+    "Action", "AdapterError", "Distributed", "Environment", "Episode", "Feedback", "ForgeBridgeError", "GRPOConfig",
     "GRPOTrainer", "Gateway", "Guidance", "LocalPolicy", "Observation", "PPOConfig", "PPOTrainer", "Policy",
     "PolicyError", "PolicyOutput", "PolicyResponseError", "PolicyUnavailable", "Recorder",
     "SFTConfig", "SchemaError", "ScriptedPolicy", "StepResult", "StepRewards", "StoreError", "Teacher", "ToolCall", "Trajectory", "TrajectoryGroup",
     "TrajectoryStore", "Transition", "VLLMPolicy", "VLLMServer", "__version__", "current_episode",
-    "episode", "import_demonstrations", "read_demonstrations", "record_demonstrations", "sampling", "sft", "wrap",
+    "episode", "feedback", "import_demonstrations", "read_demonstrations", "record_demonstrations", "sampling", "sft", "wrap",
 ]

@@ -12,6 +12,8 @@ the step, to be migrated again). What each version changed:
 - 3 -> 4: a trajectory records whose behaviour it is (`Trajectory.behaviour`: the policy's own,
   a recorded demonstration's, or a guide's in a GRPO group; 'policy' before), and a step's
   credit the teacher's log-probabilities of its tokens (on-policy distillation; none before).
+- 4 -> 5: feedback on episodes, appended as it arrives (`feedback`: a value per key, from a user,
+  a reviewer or a judge, hours or days after the episode ended; none before).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import json
 import sqlite3
 from typing import Callable
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Version of the store's tables and of the JSON layout `Trajectory.to_dict` writes."""
 
 DDL = """
@@ -52,6 +54,17 @@ CREATE TABLE IF NOT EXISTS credit (
     teacher_logprobs TEXT,
     PRIMARY KEY (trajectory_id, step)
 );
+CREATE TABLE IF NOT EXISTS feedback (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    trajectory_id TEXT NOT NULL REFERENCES trajectories(id),
+    key TEXT NOT NULL,
+    value REAL NOT NULL,
+    comment TEXT,
+    step INTEGER,
+    source TEXT,
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS feedback_trajectory ON feedback(trajectory_id, seq);
 CREATE INDEX IF NOT EXISTS trajectories_run ON trajectories(run_id, status);
 CREATE INDEX IF NOT EXISTS trajectories_created ON trajectories(created_at);
 CREATE INDEX IF NOT EXISTS trajectories_task ON trajectories(task_id);
@@ -108,8 +121,9 @@ def _json_2_to_3(data: dict) -> dict:
     return data  # a step without `slot` reads as None
 
 
-_JSON_STEPS: dict[int, Callable[[dict], dict]] = {1: _json_1_to_2, 2: _json_2_to_3, 3: _json_2_to_3}
-"""3 -> 4 is a no-op too: a trajectory without `behaviour` reads as the policy's own."""
+_JSON_STEPS: dict[int, Callable[[dict], dict]] = {1: _json_1_to_2, 2: _json_2_to_3, 3: _json_2_to_3, 4: _json_2_to_3}
+"""3 -> 4 is a no-op too (a trajectory without `behaviour` reads as the policy's own), and so is
+4 -> 5 (feedback lives beside trajectories, not in them)."""
 
 
 def migrate_json(data: dict) -> dict:
@@ -154,7 +168,12 @@ def _store_3_to_4(db: sqlite3.Connection) -> None:
     add_columns(db, "credit", {"teacher_logprobs": "TEXT"})
 
 
-_STORE_STEPS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _store_1_to_2, 2: _store_2_to_3, 3: _store_3_to_4}
+def _store_4_to_5(db: sqlite3.Connection) -> None:
+    """Nothing to rewrite: the feedback table (DDL) starts empty."""
+
+
+_STORE_STEPS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _store_1_to_2, 2: _store_2_to_3, 3: _store_3_to_4,
+                                                                4: _store_4_to_5}
 
 
 def stored_version(db: sqlite3.Connection) -> int | None:
@@ -180,7 +199,7 @@ def migrate_store(db: sqlite3.Connection, version: int) -> None:
         version += 1
 
 
-READABLE_AS_IS = (2, 3, 4)
+READABLE_AS_IS = (2, 3, 4, 5)
 """Versions whose rows read as the current ones without rewriting (a read-only store opens them;
 the columns a version lacks read as their defaults: `TrajectoryStore` checks which exist)."""
 

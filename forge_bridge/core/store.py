@@ -9,35 +9,29 @@ several processes share one file.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from forge_bridge.core import migrations, validate
+from forge_bridge.core.store_views import SORTS, StoreViews, TrajectoryQuery, trajectory_of
 from forge_bridge.core.errors import NotFound, SchemaError, StoreError, WrongType
-from forge_bridge.core.types import (END_REASONS, STATUS_OF_END, StepCredit, Trajectory, TrajectoryGroup,
-                                     TrajectoryRow, Transition, group_trajectories)
+from forge_bridge.core.types import (END_REASONS, STATUS_OF_END, Feedback, StepCredit, Trajectory,
+                                     TrajectoryGroup, Transition, group_trajectories)
 
 _HEAD = ("id", "run_id", "task_id", "group_id", "status", "reward", "metadata", "created_at",
          "updated_at", "end_reason", "end_detail", "role", "excluded", "behaviour")
 _INSERT_HEAD = f"INSERT INTO trajectories ({', '.join(_HEAD)}) VALUES ({','.join('?' * len(_HEAD))})"
 _READ_HEAD = "id, run_id, task_id, group_id, reward, metadata, end_reason, end_detail, role, excluded, behaviour"
-# A trajectory's kind: what its task said (metadata), else its task id without the trailing number.
-_KIND = "COALESCE(json_extract(metadata, '$.kind'), rtrim(rtrim(task_id, '0123456789'), '-'))"
-_ITERATION = "json_extract(metadata, '$.iteration')"
 _OWN = "COALESCE(behaviour, 'policy') = 'policy'"
-_SUCCESS = "(status = 'complete' AND COALESCE(reward, 0) >= 1)"
-SORTS = {"created": "created_at", "reward": "reward", "task": "task_id", "status": "status",
-         "iteration": _ITERATION}
-"""The orders `TrajectoryQuery.sort` names, and the column each sorts by."""
 
 
-class TrajectoryStore:
+class TrajectoryStore(StoreViews):
     """Append-as-you-go trajectory store; see the module docstring for the durability model."""
 
     def __init__(self, path: str | os.PathLike, *, timeout_s: float = 30.0, readonly: bool = False) -> None:
@@ -53,8 +47,9 @@ class TrajectoryStore:
                 raise StoreError(f"{self.path} holds schema version {version}: open it once for writing "
                                  "(any TrajectoryStore(path)) to migrate it, then read it" if migrations.readable(version)
                                  else f"{self.path} is not a forge-bridge trajectory store this version reads")
-            have = {t: {r[1] for r in self._db.execute(f"PRAGMA table_info({t})")} for t in ("trajectories", "credit")}
-            self._has_credit = bool(have["credit"])
+            have = {t: {r[1] for r in self._db.execute(f"PRAGMA table_info({t})")}
+                    for t in ("trajectories", "credit", "feedback")}
+            self._has_credit, self._has_feedback = bool(have["credit"]), bool(have["feedback"])
             typed = "behaviour" in have["trajectories"]  # an older store read-only: newer columns read as defaults
             self._head, self._own = (_READ_HEAD, _OWN) if typed else (_READ_HEAD.replace("behaviour", "NULL"), "1")
             self._teacher = "teacher_logprobs" if "teacher_logprobs" in have["credit"] else "NULL"
@@ -230,7 +225,7 @@ class TrajectoryStore:
                                      (trajectory_id,)).fetchall()
         if head is None:
             raise NotFound(f"no trajectory {trajectory_id!r} in {self.path}")
-        return _trajectory(head, [Transition.from_dict(json.loads(s[0])) for s in steps])
+        return trajectory_of(head, [Transition.from_dict(json.loads(s[0])) for s in steps])
 
     def iter(self, *, run_id: str | None = None, task_id: str | None = None, group_id: str | None = None,
              status: str | Iterable[str] | None = None, adapter: str | None = None) -> Iterator[Trajectory]:
@@ -249,59 +244,42 @@ class TrajectoryStore:
         out)."""
         return group_trajectories(self.iter(**filters))
 
-    # ------------------------------------------------------------------ views (the inspector's)
+    # ------------------------------------------------------------------ feedback
+    def add_feedback(self, feedback: Feedback) -> Feedback:
+        """Append one feedback event on a stored episode; returns it with its place in the arrival
+        order and its time. An episode the store does not hold is `NotFound`: nothing is written."""
+        if not isinstance(feedback, Feedback):
+            raise WrongType(f"add_feedback() takes a Feedback, got {type(feedback).__name__}")
+        f = feedback
+        (row,) = self._write(f"adding feedback to {f.episode_id}", [(
+            "INSERT INTO feedback (trajectory_id, key, value, comment, step, source, at) SELECT ?, ?, ?, ?, ?, ?, ? "
+            "WHERE EXISTS (SELECT 1 FROM trajectories WHERE id = ?) RETURNING seq, at",
+            (f.episode_id, f.key, f.value, f.comment, f.step, f.source, time.time(), f.episode_id))])
+        if row is None:
+            raise NotFound(f"no episode {f.episode_id!r} in {self.path}: feedback is kept for stored episodes only")
+        return dataclasses.replace(f, seq=row[0], at=row[1])
+
+    def feedback(self, episode_ids: Iterable[str] | None = None, *, after: int = 0) -> dict[str, list[Feedback]]:
+        """episode id -> its feedback in arrival order (episodes without any are absent): of these
+        episodes, or of all; `after`: only events past that place in the arrival order."""
+        if not self._has_feedback:  # an older store read without migrating it
+            return {}
+        sql, args = "SELECT trajectory_id, value, key, comment, step, source, seq, at FROM feedback WHERE seq > ?", [after]
+        if episode_ids is not None:
+            ids = list(episode_ids)
+            sql += f" AND trajectory_id IN ({','.join('?' * len(ids))})"
+            args += ids
+        out: dict[str, list[Feedback]] = {}
+        for row in self._query(sql + " ORDER BY seq", args):
+            out.setdefault(row[0], []).append(Feedback(*row))
+        return out
+
     def _query(self, sql: str, args: tuple | list = ()) -> list[tuple]:
         with self._lock:
             try:
                 return self._db.execute(sql, args).fetchall()
             except sqlite3.Error as exc:
                 raise StoreError(f"reading {self.path} failed: {exc}") from None
-
-    def page(self, query: TrajectoryQuery, limit: int = 50, offset: int = 0) -> tuple[list[TrajectoryRow], int]:
-        """One page of the trajectories matching `query`, in its order, and how many match in all;
-        only the page is read (a store of 100,000+ trajectories is never loaded whole)."""
-        where, args = query.where()
-        total = self._query(f"SELECT COUNT(*) FROM trajectories{where}", args)[0][0]
-        rows = self._query(f"SELECT {self._head}, {_ITERATION}, {_KIND} FROM trajectories{where} ORDER BY "
-                           f"{SORTS[query.sort]} {query.order.upper()}, id LIMIT ? OFFSET ?", [*args, limit, offset])
-        ids = [r[0] for r in rows]
-        steps = {tid: (n, adapter) for tid, n, adapter in self._query(
-            "SELECT trajectory_id, COUNT(*), MAX(adapter) FROM transitions WHERE trajectory_id IN "
-            f"({','.join('?' * len(ids))}) GROUP BY trajectory_id", ids)} if ids else {}
-        return [TrajectoryRow(_trajectory(r[:11], []), r[11], r[12], *steps.get(r[0], (0, None))) for r in rows], total
-
-    def runs(self) -> list[tuple[str | None, int, int, float | None]]:
-        """(run id, trajectories, completed, mean reward) of every run in the store, newest first."""
-        return self._query("SELECT run_id, COUNT(*), SUM(status = 'complete'), AVG(reward) FROM trajectories "
-                           "GROUP BY run_id ORDER BY MAX(created_at) DESC")
-
-    def kinds(self) -> list[str]:
-        """The task kinds in the store (a task's `kind`, else its id without the trailing number)."""
-        return [r[0] for r in self._query(f"SELECT DISTINCT {_KIND} FROM trajectories ORDER BY 1") if r[0]]
-
-    def success_by_kind(self, run_id: str, threshold: float = 1.0) -> dict[str, dict[int, float]]:
-        """kind -> iteration -> success rate (reward >= threshold) of a run's training rollouts."""
-        out: dict[str, dict[int, float]] = {}
-        for kind, it, rate in self._query(
-                f"SELECT {_KIND}, {_ITERATION}, AVG(COALESCE(reward, 0) >= ?) FROM trajectories WHERE run_id = ? "
-                f"AND {_ITERATION} IS NOT NULL AND {self._own} GROUP BY 1, 2 ORDER BY 2", (threshold, run_id)):
-            out.setdefault(kind or "?", {})[int(it)] = float(rate)
-        return out
-
-    def evaluation_success(self) -> dict[str, dict[str, float]]:
-        """Evaluation run ('eval-*') -> kind -> success rate (reward >= 1), oldest run first."""
-        out: dict[str, dict[str, float]] = {}
-        for run_id, kind, rate in self._query(
-                f"SELECT run_id, {_KIND}, AVG(COALESCE(reward, 0) >= 1) FROM trajectories WHERE run_id LIKE 'eval-%' "
-                "GROUP BY 1, 2 ORDER BY MIN(created_at)"):
-            out.setdefault(run_id, {})[kind] = float(rate)
-        return out
-
-    def latest_training_run(self) -> str | None:
-        """The run id of the newest training rollout (one recorded with an iteration), if any."""
-        rows = self._query(f"SELECT run_id FROM trajectories WHERE {_ITERATION} IS NOT NULL "
-                           "ORDER BY created_at DESC LIMIT 1")
-        return rows[0][0] if rows else None
 
     def credit(self, trajectory_id: str) -> dict[int, StepCredit]:
         """step -> what the trainer made of it (`record_credit`); steps no trainer used are absent."""
@@ -311,18 +289,6 @@ class TrajectoryStore:
                 for step, it, adv, n, teacher in self._query(
                     f"SELECT step, iteration, advantage, trained_tokens, {self._teacher} FROM credit "
                     "WHERE trajectory_id = ?", (trajectory_id,))}
-
-    def attempts(self, task_id: str) -> list[tuple[str, str | None, str | None, float | None]]:
-        """Every recorded attempt at a task: (trajectory id, run id, adapter of its first step,
-        reward), oldest first."""
-        return self._query("SELECT t.id, t.run_id, (SELECT adapter FROM transitions WHERE trajectory_id = t.id "
-                           "ORDER BY step LIMIT 1), t.reward FROM trajectories t WHERE t.task_id = ? "
-                           "ORDER BY t.created_at", (task_id,))
-
-    def evaluated_tasks(self) -> list[str]:
-        """Tasks answered in more than one evaluation run (held-out tasks to compare versions on)."""
-        return [r[0] for r in self._query("SELECT task_id FROM trajectories WHERE run_id LIKE 'eval-%' "
-                                          "GROUP BY task_id HAVING COUNT(DISTINCT run_id) > 1 ORDER BY task_id")]
 
     def close(self) -> None:
         with self._lock:
@@ -335,66 +301,4 @@ class TrajectoryStore:
         self.close()
 
 
-def _trajectory(head: tuple, transitions: list[Transition]) -> Trajectory:
-    """A Trajectory from the columns of `_READ_HEAD`, in that order."""
-    tid, run_id, task_id, group_id, reward, metadata, end_reason, end_detail, role, excluded, behaviour = head
-    return Trajectory(id=tid, run_id=run_id, task_id=task_id, group_id=group_id, reward=reward,
-                      metadata=json.loads(metadata), end_reason=end_reason, end_detail=end_detail, role=role,
-                      excluded=excluded, behaviour=behaviour or "policy", transitions=transitions)
-
-
-@dataclass(frozen=True)
-class TrajectoryQuery:
-    """Which trajectories a view lists, and in what order (every filter optional: '' = any)."""
-
-    run: str = ""
-    """Run id."""
-    iteration: str = ""
-    """Training iteration (as its number)."""
-    kind: str = ""
-    """Task kind (the task's `kind`, else its id without the trailing number)."""
-    status: str = ""
-    """Coarse status: complete, failed, truncated or incomplete."""
-    task: str = ""
-    """Part of the task id."""
-    group: str = ""
-    """Group id."""
-    behaviour: str = ""
-    """Whose behaviour: policy, demonstration or guide (BEHAVIOURS)."""
-    outcome: str = ""
-    """'success' (complete with reward >= 1), 'failure' (anything else) or '' (both)."""
-    sort: str = "created"
-    """One of SORTS."""
-    order: str = "desc"
-    """'asc' or 'desc'."""
-
-    def __post_init__(self) -> None:
-        if self.sort not in SORTS:
-            raise SchemaError(f"sort: expected one of {sorted(SORTS)}, got {self.sort!r}")
-        if self.outcome not in ("", "success", "failure"):
-            raise SchemaError(f"outcome: expected success or failure, got {self.outcome!r}")
-        if self.order not in ("asc", "desc"):
-            raise SchemaError(f"order: expected asc or desc, got {self.order!r}")
-
-    def where(self) -> tuple[str, list[Any]]:
-        clauses, args = [], []
-        for column, value in (("run_id", self.run), ("status", self.status), ("group_id", self.group),
-                              ("COALESCE(behaviour, 'policy')", self.behaviour)):
-            if value:
-                clauses.append(f"{column} = ?")
-                args.append(value)
-        if self.iteration:
-            clauses.append(f"{_ITERATION} = ?")
-            args.append(int(self.iteration) if self.iteration.isdigit() else self.iteration)
-        if self.kind:
-            clauses.append(f"{_KIND} = ?")
-            args.append(self.kind)
-        if self.outcome:
-            clauses.append(_SUCCESS if self.outcome == "success" else f"NOT {_SUCCESS}")
-        if self.task:
-            clauses.append("task_id LIKE ?")
-            args.append(f"%{self.task}%")
-        return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
-
-
-__all__ = ["SORTS", TrajectoryQuery, "TrajectoryStore"]
+__all__ = ["SORTS", "TrajectoryQuery", "TrajectoryStore"]

@@ -342,6 +342,43 @@ class StepCredit:
     """The teacher's log-probability of each completion token (on-policy distillation; None: not scored)."""
 
 
-__all__ = ["BEHAVIOURS", "END_REASONS", "SCHEMA_VERSION", "STATUSES", "STATUS_OF_END", "TRAINABLE_ENDS", "Action", "Observation",
+
+@dataclass(frozen=True)
+class Feedback:
+    """One judgement of a stored episode, arriving when it arrives (hours or days after the
+    episode ended): a user's thumbs up (1) or down (0), a reviewer's score, a judge's verdict.
+    Stored append-only (`TrajectoryStore.add_feedback`); what the episode's reward is made of
+    them is `forge_bridge.rewards.feedback_reward`."""
+
+    episode_id: str
+    """The episode (its trajectory id; a crew's role trajectories share their parent's)."""
+    value: float
+    """The judgement, a finite number (1 / 0 for thumbs up / down, or a score)."""
+    key: str = "user"
+    """Who or what judged ('user', 'reviewer', 'judge', ...): the latest value per key counts."""
+    comment: str | None = None
+    """What the judge said, as given."""
+    step: int | None = None
+    """The step it is about (None: the whole episode)."""
+    source: str | None = None
+    """Where it came from (the API, the gateway, an import)."""
+    seq: int | None = None
+    """Its place in the store's arrival order (None until stored)."""
+    at: float | None = None
+    """When the store received it (unix time; None until stored)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.episode_id, str) or not self.episode_id:
+            raise validate.fail("feedback.episode_id", "a non-empty string", self.episode_id)
+        object.__setattr__(self, "value", validate.finite("feedback.value", self.value))
+        if not isinstance(self.key, str) or not self.key or len(self.key) > 64:
+            raise validate.fail("feedback.key", "a non-empty string of at most 64 characters", self.key)
+        validate.optional_str("feedback.comment", self.comment)
+        validate.optional_str("feedback.source", self.source)
+        if self.step is not None and (isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0):
+            raise validate.fail("feedback.step", "None or a step index >= 0", self.step)
+
+
+__all__ = ["BEHAVIOURS", "END_REASONS", "SCHEMA_VERSION", "STATUSES", "STATUS_OF_END", "TRAINABLE_ENDS", "Action", "Feedback", "Observation",
            "StepCredit", "ToolCall", "Trajectory", "TrajectoryGroup", "TrajectoryRow", "Transition",
            "group_trajectories", "new_id"]

@@ -5,7 +5,8 @@ gateway. The episode a call belongs to is named by the URL (`/episodes/<id>/v1/.
 `X-Forge-Episode` header; a call that names none is recorded as a one-step episode of its own,
 so nothing is dropped. The request's `model`, when it names a policy slot, picks that slot's
 adapter (otherwise the default slot serves). `POST /episodes/<id>/finish` with `{"reward": r}`
-closes an episode (`{"error": "why"}` ends it as failed, for an agent that crashed).
+closes an episode (`{"error": "why"}` ends it as failed, for an agent that crashed);
+`POST /episodes/<id>/feedback` with `{"value": v}` records a judgement of it, then or days later.
 
 It runs on Starlette and uvicorn (vLLM's own stack): requests are handled asynchronously, the
 policy is awaited (the embedded policy's batching worker or vLLM over HTTP), so hundreds of
@@ -33,7 +34,7 @@ from forge_bridge.core.errors import (
     PolicyError,
 )
 from forge_bridge.core.recording import DEFAULT_MAX_MODEL_CALLS, Limits, StepRewards, acall_policy
-from forge_bridge.core.types import END_REASONS, Action
+from forge_bridge.core.types import END_REASONS, Action, Feedback
 from forge_bridge.policies.base import DEFAULT_SLOT, Policy, PolicyOutput
 from forge_bridge.serving.background import BackgroundServer
 from forge_bridge.serving.http_api import MAX_BODY, build_app, check_request
@@ -145,12 +146,23 @@ class Gateway:
             if ep is None and episode_id in self._ended:
                 raise EpisodeClosed(f"episode {episode_id} already ended ({self._ended[episode_id]})")
         if ep is None:
-            raise NotFound(episode_id)
+            raise NotFound(f"no open episode {episode_id}")
         if reward is not None:
             ep.reward(reward)
         traj = ep.fail(str(error)) if error else ep.finish(end, detail="the agent said so")
         self._retire(episode_id, ep)
         return {"id": traj.id, "status": traj.status, "reward": traj.reward, "steps": len(traj)}
+
+    def feedback(self, episode_id: str, body: dict) -> dict:
+        """Record a judgement of an episode in the store (it may have ended days ago, or be
+        running still): `{"value": v, "key": ..., "comment": ..., "step": ...}`."""
+        event = Feedback(episode_id=episode_id, value=body["value"], key=body.get("key", "user"),
+                         comment=body.get("comment"), step=body.get("step"), source="gateway")
+        try:
+            event = self.recorder.store.add_feedback(event)
+        except NotFound:
+            raise NotFound(f"no episode {episode_id!r} in this gateway's store") from None  # its path stays private
+        return {"episode": event.episode_id, "seq": event.seq, "key": event.key, "value": event.value, "at": event.at}
 
     def _retire(self, episode_id: str, ep: Episode) -> None:
         with self._lock:

@@ -103,7 +103,7 @@ def handled(endpoint):
         except RequestRefused as exc:
             return error(exc.status, str(exc), exc.kind)
         except NotFound as exc:
-            return error(404, f"no open episode {exc}")
+            return error(404, exc.args[0] if exc.args else "not found")
         except EpisodeClosed as exc:
             return error(409, str(exc))
         except PolicyError as exc:
@@ -111,6 +111,24 @@ def handled(endpoint):
         except (ValueError, TypeError, SchemaError) as exc:
             return error(400, str(exc))
     return run
+
+
+def check_feedback(body: Any) -> dict:
+    """A feedback request's body: a JSON object with a value, and nothing it does not know."""
+    if not isinstance(body, dict) or "value" not in body:
+        raise RequestRefused(400, 'the body must be a JSON object with a "value" (and optionally "key", '
+                                  '"comment", "step")')
+    unknown = set(body) - {"value", "key", "comment", "step"}
+    if unknown:
+        raise RequestRefused(400, f"unknown fields {sorted(unknown)}: expected value, key, comment, step")
+    return body
+
+
+async def not_found(request: Any, exc: Any) -> Any:
+    """Starlette's 404 and 405, as OpenAI-style errors."""
+    if exc.status_code == 405:
+        return error(405, f"{request.method} is not allowed on {request.url.path}")
+    return error(exc.status_code, f"no route {request.method} {request.url.path}")
 
 
 def build_app(gateway: "Gateway") -> Any:
@@ -157,10 +175,11 @@ def build_app(gateway: "Gateway") -> Any:
         return JSONResponse(gateway.finish(episode_of(request), body.get("reward"), body.get("status"),
                                            body.get("error")))
 
-    async def not_found(request: Request, exc: HTTPException):
-        if exc.status_code == 405:
-            return error(405, f"{request.method} is not allowed on {request.url.path}")
-        return error(exc.status_code, f"no route {request.method} {request.url.path}")
+    @handled
+    async def feedback(request: Request):
+        authorize(gateway, request)
+        body = check_feedback(await read_json(gateway, request))
+        return JSONResponse(gateway.feedback(episode_of(request), body))
 
     episode = "/episodes/{episode_id:str}"
     routes = [Route("/health", health, methods=["GET"]),
@@ -168,8 +187,9 @@ def build_app(gateway: "Gateway") -> Any:
               Route(f"{episode}/v1/models", models, methods=["GET"]),
               Route("/v1/chat/completions", chat, methods=["POST"]),
               Route(f"{episode}/v1/chat/completions", chat, methods=["POST"]),
-              Route(f"{episode}/finish", finish, methods=["POST"])]
+              Route(f"{episode}/finish", finish, methods=["POST"]),
+              Route(f"{episode}/feedback", feedback, methods=["POST"])]
     return Starlette(routes=routes, exception_handlers={HTTPException: not_found})
 
 
-__all__ = ["MAX_BODY", "RequestRefused", "build_app", "check_request"]
+__all__ = ["MAX_BODY", "RequestRefused", "build_app", "check_feedback", "check_request", "not_found"]

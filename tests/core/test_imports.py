@@ -60,12 +60,12 @@ def test_adapters_and_trainer_live_only_under_forge_bridge(tmp_path):
 
 
 PUBLIC_API = [
-    "Action", "AdapterError", "Distributed", "Environment", "Episode", "ForgeBridgeError", "GRPOConfig",
+    "Action", "AdapterError", "Distributed", "Environment", "Episode", "Feedback", "ForgeBridgeError", "GRPOConfig",
     "GRPOTrainer", "Gateway", "Guidance", "LocalPolicy", "Observation", "PPOConfig", "PPOTrainer", "Policy",
     "PolicyError", "PolicyOutput", "PolicyResponseError", "PolicyUnavailable", "Recorder",
     "SFTConfig", "SchemaError", "ScriptedPolicy", "StepResult", "StepRewards", "StoreError", "Teacher", "ToolCall", "Trajectory",
     "TrajectoryGroup", "TrajectoryStore", "Transition", "VLLMPolicy", "VLLMServer", "__version__", "current_episode",
-    "episode", "import_demonstrations", "read_demonstrations", "record_demonstrations", "sampling", "sft", "wrap",
+    "episode", "feedback", "import_demonstrations", "read_demonstrations", "record_demonstrations", "sampling", "sft", "wrap",
 ]
 """The public API, pinned: a name added or removed is a decision, made here."""
 
@@ -80,6 +80,7 @@ SUBPACKAGE_APIS = {
         "DEFAULT_MAX_MODEL_CALLS", "DEFAULT_MAX_TOOL_OUTPUT_CHARS", "DEFAULT_TOOL_TIMEOUT_S", "Limits",
         "StepRewards", "ToolOutcome", "acall_policy", "give_step_reward", "arun_tool", "bound_output", "call_policy", "over_step_limit",
         "record_call", "record_outage", "record_tool_result", "run_tool", "transition_of"],
+    "forge_bridge.rewards.feedback": ["Combine", "feedback", "feedback_reward", "latest_by_key", "mean"],
     "forge_bridge.trainer.config": ["Distributed", "GRPOConfig", "Guidance", "PPOConfig", "SFTConfig", "TrainerConfig"],
 }
 

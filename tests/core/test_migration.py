@@ -5,7 +5,7 @@ import json
 import sqlite3
 
 from forge_bridge.core.store import TrajectoryStore
-from forge_bridge.core.types import SCHEMA_VERSION, Trajectory
+from forge_bridge.core.types import SCHEMA_VERSION, Feedback, Trajectory
 
 V1_DDL = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -95,12 +95,13 @@ def version_3_store(path):
     db.close()
 
 
-def test_a_version_3_store_reads_read_only_and_migrates_to_behaviour_and_teacher_columns(tmp_path):
+def test_a_version_3_store_reads_read_only_and_migrates_to_behaviour_teacher_and_feedback(tmp_path):
     path = tmp_path / "v3.db"
     version_3_store(path)
     with TrajectoryStore(path, readonly=True) as store:  # the inspector, before anything migrated it
         assert store.get("old").behaviour == "policy"
         assert store.credit("old")[0].teacher_logprobs is None
+        assert store.feedback() == {}  # no feedback table yet: none
         assert store.success_by_kind("r") == {"t": {1: 1.0}}
     with TrajectoryStore(path) as store:  # opened for writing: migrated, the old rows unchanged
         assert store.get("old").behaviour == "policy"
@@ -110,6 +111,8 @@ def test_a_version_3_store_reads_read_only_and_migrates_to_behaviour_and_teacher
         store.record_credit(1, [("old", 0, 0.5, 1, [-0.25])])
         assert store.get(guide.id).behaviour == "guide" and store.credit("old")[0].teacher_logprobs == [-0.25]
         assert store.success_by_kind("r") == {"t": {1: 1.0}}  # a guide never counts in the policy's curve
+        store.add_feedback(Feedback("old", 1.0, key="reviewer"))
+        assert [e.key for e in store.feedback()["old"]] == ["reviewer"]
     version = sqlite3.connect(path).execute("SELECT value FROM meta").fetchone()[0]
-    assert int(version) == SCHEMA_VERSION == 4
+    assert int(version) == SCHEMA_VERSION == 5
     assert Trajectory.from_json(guide.to_json()).behaviour == "guide"
