@@ -135,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m-instruct", help="embedded model name or directory")
     p.add_argument("--vllm-url", help="serve through a running vLLM server instead (its /v1 URL)")
     p.add_argument("--served-model", default="base", help="the vLLM server's model name (default: base)")
+    p.add_argument("--upstream", help="record-only: forward every call to this OpenAI-compatible server (its /v1 "
+                   "URL; the agent's own model) and record its replies in --model's tokens (behaviour 'upstream')")
+    p.add_argument("--upstream-model", help="with --upstream: the model name to ask it for")
+    p.add_argument("--upstream-key-env", default="UPSTREAM_API_KEY",
+                   help="with --upstream: the environment variable holding its API key (default: UPSTREAM_API_KEY)")
     p.add_argument("--adapter", help="a LoRA adapter directory to serve")
     p.add_argument("--adapter-name", default="forge-v1", help="its version name (default: forge-v1)")
     p.add_argument("--store", default="runs/gateway/trajectories.db", help="the trajectory store")

@@ -113,7 +113,15 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     import forge_bridge as fb
     from forge_bridge.serving.gateway import Gateway
 
-    if args.vllm_url:
+    if args.upstream:
+        import os
+
+        from forge_bridge.policies import models
+        from forge_bridge.policies.upstream import UpstreamPolicy
+
+        policy = UpstreamPolicy(args.upstream, models.load_tokenizer(args.model),
+                                model=args.upstream_model, api_key=os.environ.get(args.upstream_key_env))
+    elif args.vllm_url:
         policy = fb.VLLMPolicy(args.vllm_url, model=args.served_model)
     else:
         policy = fb.LocalPolicy(args.model)

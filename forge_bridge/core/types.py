@@ -40,11 +40,13 @@ STATUS_FALLBACK = {"complete": "terminated", "truncated": "truncated", "failed":
 TRAINABLE_ENDS = ("terminated", "truncated", "policy_fault")
 """End reasons whose trajectories carry the policy's own behaviour (see END_REASONS)."""
 
-BEHAVIOURS = ("policy", "demonstration", "guide")
+BEHAVIOURS = ("policy", "demonstration", "guide", "upstream")
 """Whose behaviour a trajectory's tokens are (what sampled them):
 - `policy`: the policy being trained (on-policy rollouts, evaluations);
 - `demonstration`: a scripted expert or an imported conversation (the warm start's data);
-- `guide`: a teacher's or a demonstration's trajectory added to a GRPO group (never on-policy)."""
+- `guide`: a teacher's or a demonstration's trajectory added to a GRPO group (never on-policy);
+- `upstream`: the agent's own model in production, recorded in the student's tokens
+  (`UpstreamPolicy`; never on-policy)."""
 
 
 # --------------------------------------------------------------------------- transition

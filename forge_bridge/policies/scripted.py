@@ -52,6 +52,25 @@ def check_tools(calls: list[tuple[str, dict]], tools: list[dict] | None) -> None
                                   "or give the agent that tool")
 
 
+def rendered(tokenizer: Any, tool_format: str, messages: list[dict], tools: list[dict] | None, content: str,
+             calls: list[tuple[str, Any]], max_tokens: int, adapter: str | None, info: dict) -> PolicyOutput:
+    """A reply written by someone else (a script, an upstream model) as the model of `tokenizer`
+    would have produced it: the prompt in its chat template, the content and calls in its
+    tool-call format, then its end-of-turn token (cut at `max_tokens`, as a model hitting the
+    limit is). Normalized `messages` in; the output's log-probabilities are 0 (not sampled)."""
+    prompt = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True)
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    text = render_calls(content, calls, tool_format)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    ended = len(ids) < max_tokens  # room for the end-of-turn token too
+    ids = ids if ended else ids[:max_tokens]  # cut as a model hitting max_tokens is
+    completion = ids + [tokenizer.eos_token_id] if ended else ids
+    reply = text if ended else tokenizer.decode(ids, skip_special_tokens=False)  # specials such as [TOOL_CALLS] kept
+    return PolicyOutput(action=parse(reply, "stop" if ended else "length", tool_format),
+                        prompt_token_ids=prompt, completion_token_ids=completion,
+                        completion_logprobs=[0.0] * len(completion), adapter=adapter, info=info)
+
+
 class ScriptedPolicy(Policy):
     def __init__(self, script: Script, tokenizer: Any, tool_format: str = "auto") -> None:
         """`tool_format`: the format the script writes tool calls in, and replies are parsed in
@@ -95,9 +114,6 @@ class ScriptedPolicy(Policy):
 
     def _chat(self, messages, tools, sampling: Sampling, adapter) -> PolicyOutput:
         messages = normalize_messages(messages)
-        prompt = self.tokenizer.apply_chat_template(messages, tools=tools or None,
-                                                    add_generation_prompt=True)
-        prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
         try:
             step = self.script(messages, tools)
             content, calls = as_calls(step)
@@ -105,16 +121,8 @@ class ScriptedPolicy(Policy):
         except InvalidArgument as exc:
             self.problems.append(str(exc))
             raise
-        text = render_calls(content, calls, self.tool_format)
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        ended = len(ids) < sampling.max_tokens  # room for the end-of-turn token too
-        ids = ids if ended else ids[:sampling.max_tokens]  # cut as a model hitting max_tokens is
-        completion = ids + [self.tokenizer.eos_token_id] if ended else ids
-        reply = text if ended else self.tokenizer.decode(ids, skip_special_tokens=False)  # specials such as [TOOL_CALLS] kept
-        return PolicyOutput(action=parse(reply, "stop" if ended else "length", self.tool_format),
-                            prompt_token_ids=prompt, completion_token_ids=completion,
-                            completion_logprobs=[0.0] * len(completion), adapter=adapter,
-                            info={"scripted": True})
+        return rendered(self.tokenizer, self.tool_format, messages, tools, content, calls, sampling.max_tokens,
+                        adapter, {"scripted": True})
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -56,6 +56,8 @@ class Gateway:
         self.limits = Limits(max_model_calls=max_model_calls)
         self.step_rewards = step_rewards
         self.policy = policy
+        self.behaviour: str = getattr(policy, "behaviour", "policy")
+        """What its episodes record: the policy's own steps, or an upstream model's (`UpstreamPolicy`)."""
         self.recorder = recorder or Recorder()
         self.token = token
         self.model_name = model_name
@@ -129,7 +131,7 @@ class Gateway:
             ep = self._episodes.get(episode_id)
             if ep is None:
                 ep = self.recorder.episode(task_id, group_id, episode_id=episode_id,
-                                           metadata={"source": "gateway"})
+                                           metadata={"source": "gateway"}, behaviour=self.behaviour)
                 self._episodes[episode_id] = ep
             return ep
 
@@ -181,7 +183,7 @@ class Gateway:
                                              "max_completion_tokens", "seed") if body.get(k) is not None}
         if episode_id is None:
             ep = self.recorder.episode(headers.get("X-Forge-Task"), headers.get("X-Forge-Group"),
-                                       metadata={"source": "gateway", "single_call": True})
+                                       metadata={"source": "gateway", "single_call": True}, behaviour=self.behaviour)
         else:
             ep = self.episode(headers.get("X-Forge-Task"), headers.get("X-Forge-Group"), episode_id=episode_id)
             ep.check_open()
