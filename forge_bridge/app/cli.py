@@ -138,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upstream", help="record-only: forward every call to this OpenAI-compatible server (its /v1 "
                    "URL; the agent's own model) and record its replies in --model's tokens (behaviour 'upstream')")
     p.add_argument("--upstream-model", help="with --upstream: the model name to ask it for")
+    p.add_argument("--redact", help="module:function, a function str -> str applied to every text of a step before "
+                   "it is written (what it removes never reaches the store; the agent still sees it)")
     p.add_argument("--upstream-key-env", default="UPSTREAM_API_KEY",
                    help="with --upstream: the environment variable holding its API key (default: UPSTREAM_API_KEY)")
     p.add_argument("--adapter", help="a LoRA adapter directory to serve")

@@ -127,8 +127,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         policy = fb.LocalPolicy(args.model)
     if args.adapter:
         policy.load_adapter(args.adapter, args.adapter_name)
-    gateway = Gateway(policy, fb.Recorder(args.store), host=args.host, port=args.port, token=args.token,
-                      max_model_calls=args.max_model_calls)
+    gateway = Gateway(policy, fb.Recorder(args.store, redaction=_redaction(args)), host=args.host, port=args.port,
+                      token=args.token, max_model_calls=args.max_model_calls)
     gateway.start()
     key = args.token or "unused"
     print(f"""recording every call into {args.store}
@@ -145,6 +145,17 @@ Ctrl-C stops the gateway.""", flush=True)
     policy.close()
     print("stopped", flush=True)
     return 0
+
+
+def _redaction(args: argparse.Namespace):
+    """`--redact module:function` as the recorder's redaction, its tokens rendered by `--model`'s tokenizer."""
+    if not args.redact:
+        return None
+    from forge_bridge.app.training import load_attr
+    from forge_bridge.policies import models
+    from forge_bridge.policies.redaction import Redaction
+
+    return Redaction(load_attr(args.redact, "--redact"), models.load_tokenizer(args.model))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ TRAIN_FLAGS = ("group_size", "tasks_per_iteration", "concurrency", "gamma", "lr"
 """TrainerConfig fields the `train` and `sft` commands take as flags."""
 
 
-def _load_attr(spec: str, what: str):
+def load_attr(spec: str, what: str):
     """`module:name` from the user's code; the working directory is searched first, as uvicorn
     and pytest do (the console script's own folder is on sys.path, the user's is not)."""
     import importlib
@@ -51,7 +51,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"--nproc: expected an int >= 1, got {args.nproc}")
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         return _torchrun(args.nproc, args.argv)
-    make_rollout = _load_attr(args.rollout, "--rollout") if args.rollout else None
+    make_rollout = load_attr(args.rollout, "--rollout") if args.rollout else None
     tasks = _tasks(args.tasks)
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # by --nproc, or by torchrun on several machines
     spread = {"distributed": fb.Distributed(strategy=args.strategy)} if launched else {}
@@ -256,7 +256,7 @@ def teacher_policy(spec: str, args: argparse.Namespace):
     if (path / "config.json").is_file():
         return fb.LocalPolicy(str(path), tool_format=args.tool_format or "auto")
     if ":" in spec and not path.exists():
-        policy = _load_attr(spec, "--teacher")
+        policy = load_attr(spec, "--teacher")
         if not isinstance(policy, fb.Policy):
             raise InvalidArgument(f"--teacher {spec}: expected a forge_bridge Policy, got {type(policy).__name__}")
         return policy
@@ -283,7 +283,7 @@ def teacher_of(args: argparse.Namespace, trainer, make_rollout):
 
 
 def _tasks(spec: str) -> list:
-    tasks = _load_attr(spec, "--tasks")
+    tasks = load_attr(spec, "--tasks")
     return list(tasks() if callable(tasks) else tasks)
 
 
@@ -291,7 +291,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     """The warm start alone: a run folder whose checkpoint `train --resume` continues from."""
     import forge_bridge as fb
 
-    make_rollout = _load_attr(args.rollout, "--rollout")
+    make_rollout = load_attr(args.rollout, "--rollout")
     config = fb.GRPOConfig(**config_kwargs(args, TRAIN_FLAGS))
     policy = fb.LocalPolicy(args.model, device=config.device, tool_format=args.tool_format or "auto")
     trainer = fb.GRPOTrainer(policy, config, model=args.model)
@@ -313,7 +313,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     import forge_bridge as fb
     from forge_bridge.trainer.probe import probe
 
-    make_rollout = _load_attr(args.rollout, "--rollout")
+    make_rollout = load_attr(args.rollout, "--rollout")
     tasks = _tasks(args.tasks)
     policy = fb.LocalPolicy(args.model, tool_format=args.tool_format or "auto")
     try:
@@ -330,5 +330,5 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["TRAIN_FLAGS", "VLLM_LORA_RANKS", "cmd_probe", "cmd_sft", "cmd_train", "demonstrations", "stored_demonstrations", "teacher_of",
+__all__ = ["TRAIN_FLAGS", "VLLM_LORA_RANKS", "cmd_probe", "cmd_sft", "cmd_train", "demonstrations", "load_attr", "stored_demonstrations", "teacher_of",
            "teacher_policy", "teaching_kwargs", "warm_start"]

@@ -54,12 +54,18 @@ class Recorder:
     """Opens episodes on one trajectory store, all tagged with one run id."""
 
     def __init__(self, store: TrajectoryStore | str | os.PathLike | None = None,
-                 run_id: str | None = None) -> None:
+                 run_id: str | None = None, *, redaction: Callable[[Transition], Transition] | None = None) -> None:
+        """`redaction`: applied to every step before it is written, e.g.
+        `forge_bridge.policies.redaction.Redaction(fn, tokenizer)`: what it removes never
+        reaches the store."""
         if isinstance(store, TrajectoryStore):
             self.store = store
         else:
             self.store = TrajectoryStore(store if store is not None else default_store_path())
         self.run_id = run_id
+        if redaction is not None and not callable(redaction):
+            raise InvalidArgument(f"redaction: expected a function Transition -> Transition, got {redaction!r}")
+        self.redaction = redaction
 
     def episode(self, task_id: str | None = None, group_id: str | None = None, *,
                 episode_id: str | None = None, metadata: dict | None = None,
@@ -142,7 +148,7 @@ class Episode:
         """Append one model call; returns its step index."""
         with self._lock:
             self.check_open()
-            step = self.recorder.store.append(self.id, transition)
+            step = self.recorder.store.append(self.id, self._written(transition))
             self._traj.transitions.append(transition)
             return step
 
@@ -152,7 +158,11 @@ class Episode:
             transition = self._traj.transitions[step]
             change(transition)
             transition.__post_init__()  # re-validate what the change did
-            self.recorder.store.update_step(self.id, step, transition)
+            self.recorder.store.update_step(self.id, step, self._written(transition))
+
+    def _written(self, transition: Transition) -> Transition:
+        """The step as the store gets it: scrubbed by the recorder's redaction, if it has one."""
+        return transition if self.recorder.redaction is None else self.recorder.redaction(transition)
 
     def step_of_tool_call(self, tool_call_id: str) -> int | None:
         with self._lock:

@@ -1,7 +1,7 @@
 """The folders are layers, and imports between them go one way (TYPE_CHECKING imports, which
 never run, excepted): core imports no other layer; policies only core; environments, serving,
 adapters and the trainer only core and policies (environments and the harness also their own);
-scale (Ray) core, policies and the trainer; the app anything. And every error the library raises is a ForgeBridgeError."""
+scale (Ray) core, policies and the trainer; rewards core and policies; the app anything. And every error the library raises is a ForgeBridgeError."""
 
 import ast
 from pathlib import Path
@@ -9,7 +9,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = {"core": ROOT / "forge_bridge" / "core", "policies": ROOT / "forge_bridge" / "policies",
            "envs": ROOT / "forge_bridge" / "envs", "serving": ROOT / "forge_bridge" / "serving",
-           "app": ROOT / "forge_bridge" / "app", "scale": ROOT / "forge_bridge" / "scale", "adapters": ROOT / "adapters", "trainer": ROOT / "trainer"}
+           "app": ROOT / "forge_bridge" / "app", "scale": ROOT / "forge_bridge" / "scale", "adapters": ROOT / "adapters", "trainer": ROOT / "trainer",
+           "rewards": ROOT / "forge_bridge" / "rewards"}
 ALLOWED = {
     "core": {"core"},
     "policies": {"core", "policies"},
@@ -18,7 +19,8 @@ ALLOWED = {
     "adapters": {"core", "policies", "adapters"},
     "trainer": {"core", "policies", "trainer"},
     "scale": {"core", "policies", "trainer", "scale"},
-    "app": {"core", "policies", "envs", "serving", "adapters", "trainer", "scale", "app", "api"},
+    "rewards": {"core", "policies", "rewards"},
+    "app": {"core", "policies", "envs", "serving", "adapters", "trainer", "scale", "rewards", "app", "api"},
 }
 
 
