@@ -48,10 +48,14 @@ from forge_bridge.core.recording import (
     arun_tool,
     bound_output,
     call_policy,
+    record_call,
     record_tool_result,
     run_tool,
 )
+from forge_bridge.core.actions import Action, ToolCall
 from forge_bridge.policies.base import Policy, PolicyOutput
+from forge_bridge.policies.messages import normalize_messages
+from forge_bridge.policies.scripted import rendered
 
 try:  # LangGraph's own step limit ends an episode as truncated, not crashed
     from langgraph.errors import GraphRecursionError
@@ -100,6 +104,20 @@ def to_ai_message(out: PolicyOutput, chunk: bool = False) -> AIMessage | AIMessa
             chunk_position="last")
     return AIMessage(content=out.text, tool_calls=tool_calls, invalid_tool_calls=invalid,
                      response_metadata=metadata, usage_metadata=usage)
+
+
+def rendered_reply(student: Any, messages: list[dict], tools: list[dict] | None, reply: AIMessage) -> PolicyOutput:
+    """Another model's reply as `student` (a policy with a tokenizer) would have written it: its
+    exact tokens in the student's template and tool-call format (`scripted.rendered`)."""
+    calls = [ToolCall(id=tc.get("id") or "", name=tc["name"], arguments=json.dumps(tc["args"])) for tc in reply.tool_calls]
+    finish = reply.response_metadata.get("finish_reason")
+    out = rendered(student.tokenizer, getattr(student, "tool_format", "hermes"), normalize_messages(messages), tools,
+                   reply.text, [(c.name, json.loads(c.arguments)) for c in calls], 1 << 30, None,
+                   {"upstream": reply.response_metadata.get("model_name")})
+    if finish == "length":  # cut by its limit: no end-of-turn token
+        out.completion_token_ids, out.completion_logprobs = out.completion_token_ids[:-1], out.completion_logprobs[:-1]
+    out.action = Action(content=reply.text, tool_calls=calls, finish_reason=finish)
+    return out
 
 
 def to_reply(out: PolicyOutput | None, chunk: bool = False) -> AIMessage | AIMessageChunk:
@@ -208,16 +226,23 @@ class ForgeMiddleware(AgentMiddleware):
                  max_model_calls: int | None = DEFAULT_MAX_MODEL_CALLS,
                  tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S,
                  max_tool_output_chars: int | None = DEFAULT_MAX_TOOL_OUTPUT_CHARS,
-                 step_rewards: StepRewards | None = None) -> None:
+                 step_rewards: StepRewards | None = None, passthrough: bool = False) -> None:
         """`max_model_calls` (default 25) ends an episode's tool loop after that many calls,
         recorded as truncated; `tool_timeout_s` (default 60) turns a hanging tool into an error
         the model sees; `max_tool_output_chars` (default 16,000) cuts huge tool results before
         they reach the model. None turns a limit off. `step_rewards` (default off) rewards single
-        steps for what they did, e.g. `StepRewards(tool_error=-0.2, repeated_call=-0.1)`."""
+        steps for what they did, e.g. `StepRewards(tool_error=-0.2, repeated_call=-0.1)`.
+        `passthrough`: record only; the agent's own model answers, and each of its replies is
+        recorded as `policy` (the student, which needs a tokenizer) would have written it, in an
+        episode opened with `behaviour="upstream"` (docs/production.md)."""
         super().__init__()
         if not isinstance(policy, Policy):
             raise WrongType(f"ForgeMiddleware(policy): expected a forge_bridge Policy "
                             f"(LocalPolicy, VLLMPolicy), got {type(policy).__name__}")
+        if passthrough and getattr(policy, "tokenizer", None) is None:
+            raise InvalidArgument("ForgeMiddleware(passthrough=True) records the agent's own model in the student's "
+                                  f"tokens: give it a policy with a tokenizer (LocalPolicy), not {type(policy).__name__}")
+        self.passthrough = passthrough
         try:
             self.limits = Limits(max_model_calls, tool_timeout_s, max_tool_output_chars)
         except ValueError as exc:
@@ -235,10 +260,30 @@ class ForgeMiddleware(AgentMiddleware):
     # model calls: the request's model is replaced for this call only (past the step limit it
     # answers with an empty final message, which ends the loop before LangGraph's recursion error)
     def wrap_model_call(self, request: Any, handler: Callable) -> Any:
+        if self.passthrough:
+            return self._record_own(request, handler(request))
         return handler(request.override(model=self.model))
 
     async def awrap_model_call(self, request: Any, handler: Callable) -> Any:
+        if self.passthrough:
+            return self._record_own(request, await handler(request))
         return await handler(request.override(model=self.model))
+
+    def _record_own(self, request: Any, response: Any) -> Any:
+        """Passthrough: the agent's own model's reply, recorded in the student's tokens; returned as it was."""
+        episode = current_episode()
+        reply = response if isinstance(response, AIMessage) else next(
+            (m for m in getattr(response, "result", []) if isinstance(m, AIMessage)), None)
+        if episode is None or reply is None:
+            return response
+        if episode.trajectory.behaviour != "upstream":
+            raise InvalidArgument("ForgeMiddleware(passthrough=True) records the agent's own model, never the student's "
+                                  "samples: open the episode with fb.episode(..., behaviour='upstream')")
+        system = [request.system_message] if request.system_message is not None else []
+        messages = to_openai_messages(system + list(request.messages))
+        tools = [t if isinstance(t, dict) else convert_to_openai_tool(t) for t in request.tools or []] or None
+        record_call(episode, rendered_reply(self.policy, messages, tools, reply), messages, tools, source="langchain")
+        return response
 
     # tool calls: timed, errors turned into error ToolMessages, recorded into their step
     def wrap_tool_call(self, request: Any, handler: Callable) -> Any:

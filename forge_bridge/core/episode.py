@@ -349,10 +349,12 @@ def default_recorder() -> Recorder:
 
 def episode(task_id: str | None = None, group_id: str | None = None, *,
             recorder: Recorder | None = None, metadata: dict | None = None,
-            seed: int | None = None) -> Episode:
+            seed: int | None = None, behaviour: str = "policy") -> Episode:
     """Open an episode (one trajectory) for `with`: every model call inside is recorded into it
-    (`seed`: reproducible sampling, see `Recorder.episode`)."""
-    return (recorder or default_recorder()).episode(task_id, group_id, metadata=metadata, seed=seed)
+    (`seed`: reproducible sampling, see `Recorder.episode`; `behaviour`: 'upstream' for an
+    agent recorded on its own model, see `ForgeMiddleware(passthrough=True)`)."""
+    return (recorder or default_recorder()).episode(task_id, group_id, metadata=metadata, seed=seed,
+                                                    behaviour=behaviour)
 
 
 def derive_seed(seed: int, *parts: Any) -> int:
