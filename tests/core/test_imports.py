@@ -81,6 +81,8 @@ SUBPACKAGE_APIS = {
         "StepRewards", "ToolOutcome", "acall_policy", "give_step_reward", "arun_tool", "bound_output", "call_policy", "over_step_limit",
         "record_call", "record_outage", "record_tool_result", "run_tool", "transition_of"],
     "forge_bridge.rewards.feedback": ["Combine", "feedback", "feedback_reward", "latest_by_key", "mean"],
+    "forge_bridge.rewards.judges": ["Ask", "Judge", "Malformed", "RelativeJudge", "RubricJudge", "asker", "parse_json",
+                                    "transcript"],
     "forge_bridge.trainer.config": ["Distributed", "GRPOConfig", "Guidance", "PPOConfig", "SFTConfig", "TrainerConfig"],
 }
 

@@ -16,7 +16,7 @@ from forge_bridge.core.store import TrajectoryQuery as Q
 from forge_bridge.app.inspector.server import Inspector
 from forge_bridge.core.errors import InvalidArgument, NotFound, StoreError
 from forge_bridge.core.store import TrajectoryStore
-from forge_bridge.core.types import Action, Observation, ToolCall, Trajectory, Transition
+from forge_bridge.core.types import Action, Feedback, Observation, ToolCall, Trajectory, Transition
 
 
 def step(prompt, completion, content="", call=None, result=None):
@@ -51,6 +51,8 @@ def run_folder(tmp_path):
             store.finish(t.id, "terminated" if i % 3 else "policy_fault", reward=float(i % 2))
         store.record_credit(1, [(ids[0], 0, 0.5, 2), (ids[0], 1, 0.75, 2), (ids[1], 0, -0.25, 2),
                                 (ids[1], 1, None, 0)])
+        store.add_feedback(Feedback(ids[0], 0.0, key="user", comment="<b>wrong</b> city"))
+        store.add_feedback(Feedback(ids[0], 0.8, key="judge", comment="close", source="judge:qwen"))
     return folder, ids
 
 
@@ -102,6 +104,8 @@ def test_the_pages_render_and_bad_queries_are_clear(run_folder):
 
         page = get(f"/trajectory/{ids[0]}?colour=trained")
         assert "data-advantage='0.5'" in page and "56032" in page
+        assert "feedback (2)" in page and "&lt;b&gt;wrong&lt;/b&gt; city" in page and "judge:qwen" in page
+        assert "id='feedback'" not in get(f"/trajectory/{ids[1]}")  # no feedback, no table
         assert page.count("data-trained='1'") == 4 and "class='tok obs' data-trained='0'" in page
         assert "<polyline" in get("/") and "id='divergence'>The rollouts first differ at step 1" in get("/group/g1")
         for path, status, text in [("/trajectory/nope", 404, "no trajectory 'nope'"),

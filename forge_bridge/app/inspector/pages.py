@@ -8,6 +8,7 @@ import difflib
 import html
 import json
 import math
+import time
 import urllib.parse
 from typing import Any
 
@@ -245,7 +246,19 @@ def trajectory(view: RunView, trajectory_id: str, colouring: str = "logprob") ->
             + (f"<table class='results'><tr><th>tool</th><th>status</th><th>latency</th><th>error</th><th>result</th></tr>"
                f"{result_rows}</table>" if result_rows else "")
             + f"<h3>tokens</h3>{token_view(view, step, colouring, scale)}</section>")
-    return layout(f"Trajectory {trajectory_id}", head + "".join(sections))
+    return layout(f"Trajectory {trajectory_id}", head + feedback_table(view, trajectory_id) + "".join(sections))
+
+
+def feedback_table(view: RunView, trajectory_id: str) -> str:
+    """The feedback on the episode, in arrival order: users', reviewers', judges' (with their reasons)."""
+    events = view.store.feedback([trajectory_id]).get(trajectory_id, [])
+    if not events:
+        return ""
+    rows = "".join(f"<tr><td>{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(e.at))}</td><td>{html.escape(e.key)}</td>"
+                   f"<td class='value'>{fmt(e.value)}</td><td>{html.escape(e.source or '')}</td>"
+                   f"<td>{'' if e.step is None else e.step}</td><td>{html.escape(e.comment or '')}</td></tr>" for e in events)
+    return (f"<h2>feedback ({len(events)})</h2><table id='feedback'><tr><th>at (UTC)</th><th>key</th><th>value</th>"
+            f"<th>source</th><th>step</th><th>comment</th></tr>{rows}</table>")
 
 
 # ---------------------------------------------------------------------- a group
