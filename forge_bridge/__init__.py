@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see for the lazy names
     from forge_bridge.policies.vllm import VLLMPolicy
     from forge_bridge.policies.vllm_server import VLLMServer
     from forge_bridge.serving.gateway import Gateway
-    from forge_bridge.trainer.config import Distributed, GRPOConfig, Guidance, PPOConfig, SFTConfig
+    from forge_bridge.trainer.config import Distributed, GRPOConfig, Guidance, OfflineConfig, PPOConfig, SFTConfig
     from forge_bridge.trainer.demonstrations import import_demonstrations, read_demonstrations, record_demonstrations
     from forge_bridge.trainer.grpo import GRPOTrainer
     from forge_bridge.trainer.ppo import PPOTrainer
@@ -55,6 +55,7 @@ _LAZY = {
     "SFTConfig": "forge_bridge.trainer.config",
     "Guidance": "forge_bridge.trainer.config",
     "Distributed": "forge_bridge.trainer.config",
+    "OfflineConfig": "forge_bridge.trainer.config",
     "Teacher": "forge_bridge.trainer.teacher",
     "feedback": "forge_bridge.rewards.feedback",
     "sft": "forge_bridge.trainer.sft",
@@ -78,7 +79,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Action", "AdapterError", "Distributed", "Environment", "Episode", "Feedback", "ForgeBridgeError", "GRPOConfig",
-    "GRPOTrainer", "Gateway", "Guidance", "LocalPolicy", "Observation", "PPOConfig", "PPOTrainer", "Policy",
+    "GRPOTrainer", "Gateway", "Guidance", "LocalPolicy", "Observation", "OfflineConfig", "PPOConfig", "PPOTrainer", "Policy",
     "PolicyError", "PolicyOutput", "PolicyResponseError", "PolicyUnavailable", "Recorder",
     "SFTConfig", "SchemaError", "ScriptedPolicy", "StepResult", "StepRewards", "StoreError", "Teacher", "ToolCall", "Trajectory", "TrajectoryGroup",
     "TrajectoryStore", "Transition", "VLLMPolicy", "VLLMServer", "__version__", "current_episode",

@@ -292,4 +292,31 @@ class SFTConfig:
         _check(isinstance(self.publish, bool), "publish", "a bool", self.publish)
 
 
-__all__ = ["Distributed", "GRPOConfig", "Guidance", "PPOConfig", "SFTConfig", "TrainerConfig"]
+@dataclass(frozen=True)
+class OfflineConfig:
+    """Training from the store (`train_offline`): which episodes, and how each kind is learned from."""
+
+    since: float | None = None
+    """Only episodes recorded at or after this unix time (None: all)."""
+    run_id: str | None = None
+    """Only episodes of this run id (None: every run in the store)."""
+    threshold: float = 1.0
+    """An episode whose reward is at least this is a good one: its steps are imitated."""
+    imitate: bool = True
+    """Imitate the good episodes that are not the student's own samples (upstream, demonstration)."""
+    reinforce: bool = True
+    """Policy gradient on the student's own recorded episodes, against the batch's mean reward."""
+    sft: SFTConfig = SFTConfig(epochs=2, lr=1e-3, publish=False)
+    """The imitation's passes and rate (it never publishes on its own: the iteration does)."""
+
+    def __post_init__(self) -> None:
+        _check(self.since is None or _number(self.since), "since", "None or a unix time", self.since)
+        _check(self.run_id is None or isinstance(self.run_id, str), "run_id", "None or a run id", self.run_id)
+        _check(_number(self.threshold) and math.isfinite(self.threshold), "threshold", "a finite number", self.threshold)
+        for name in ("imitate", "reinforce"):
+            _check(isinstance(getattr(self, name), bool), name, "a bool", getattr(self, name))
+        _check(isinstance(self.sft, SFTConfig) and not self.sft.publish, "sft", "an SFTConfig with publish=False",
+               self.sft)
+
+
+__all__ = ["Distributed", "GRPOConfig", "Guidance", "OfflineConfig", "PPOConfig", "SFTConfig", "TrainerConfig"]

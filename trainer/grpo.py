@@ -121,6 +121,14 @@ class GRPOTrainer(Trainer):
         check_teacher(teacher, self.config, self.tokenizer)
         self.teacher = teacher
 
+    def train_offline(self, store, config=None, **options):
+        """One iteration learned from episodes recorded outside the loop, with their feedback
+        (`trainer/offline.py`); returns its metrics."""
+        from forge_bridge.trainer.config import OfflineConfig
+        from forge_bridge.trainer.offline import train_offline
+
+        return train_offline(self, store, config or OfflineConfig(), **options)
+
     def train(self, rollout, tasks, iterations, *, resume=False):
         if not self.follower:  # the leader collects; a follower has no teacher to check
             check_teacher(self.teacher, self.config, self.tokenizer)  # before any rollout: nothing runs without one

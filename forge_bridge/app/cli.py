@@ -12,10 +12,10 @@ from forge_bridge.app.config_flags import add_config_flags
 from forge_bridge.app.training import TRAIN_FLAGS
 
 
-def add_agent_flags(p: argparse.ArgumentParser, rollout_required: bool = False) -> None:
+def add_agent_flags(p: argparse.ArgumentParser, rollout_required: bool = False, tasks_required: bool = True) -> None:
     """Your agent: its rollout function, its tasks, the model it runs on."""
     p.add_argument("--rollout", required=rollout_required, help="module:function, e.g. my_agent:make_rollout")
-    p.add_argument("--tasks", required=True, help="module:name of the task list, e.g. my_agent:TASKS")
+    p.add_argument("--tasks", required=tasks_required, help="module:name of the task list, e.g. my_agent:TASKS")
     p.add_argument("--model", default="smollm2-135m-instruct", help="embedded name or model directory")
     p.add_argument("--tool-format", choices=("hermes", "llama3_json", "mistral"),
                    help="the model family's tool-call format (default: from its chat template)")
@@ -75,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "a list of tasks (or a function returning one). A new run first "
                                    "warm-starts on --demos (when given) and probes the signal per task "
                                    "kind; each iteration's adapter is published to the policy your "
-                                   "agent runs on. docs/own-agent.md walks through it.")
-    add_agent_flags(p)
+                                   "agent runs on. docs/own-agent.md walks through it. With --from-store, "
+                                   "it learns from recorded episodes and their feedback instead.")
+    add_agent_flags(p, tasks_required=False)
     p.add_argument("--agent-cmd", help="or: a program run per rollout with OPENAI_BASE_URL set to its "
                    "episode, e.g. \"python my_agent.py {task_json}\"; it prints a JSON line "
                    "{\"reward\": r} (see forge_bridge.serving.command_rollout)")
@@ -97,6 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in the folder from its checkpoint")
     p.add_argument("--new", action="store_true", help="set an earlier run in the folder aside "
                    "(renamed to <out>-<time>) and start a new one")
+    p.add_argument("--from-store", help="learn from the episodes of this trajectory store (production traffic "
+                   "recorded with --upstream or passthrough, and its feedback) instead of rolling out: one "
+                   "iteration (docs/production.md)")
+    p.add_argument("--since", help="with --from-store: only episodes recorded since this date (ISO, e.g. 2026-12-01) "
+                   "or unix time")
+    p.add_argument("--store-run", help="with --from-store: only episodes of this run id")
+    p.add_argument("--threshold", type=float, default=1.0,
+                   help="with --from-store: the reward from which an episode is imitated (default: 1)")
     p.add_argument("--nproc", type=int, default=1, help="processes the update is spread over, one per device "
                    "(torchrun underneath; rank 0 rolls out, records and publishes; docs/scale.md)")
     p.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp",

@@ -43,9 +43,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.new and args.resume:
         print("forge-bridge train: --new and --resume exclude each other", file=sys.stderr)
         return 2
-    if (args.rollout is None) == (args.agent_cmd is None):
-        print("forge-bridge train: give --rollout (a Python function) or --agent-cmd (a program)",
-              file=sys.stderr)
+    if args.from_store:
+        return train_from_store(args)
+    if (args.rollout is None) == (args.agent_cmd is None) or args.tasks is None:
+        print("forge-bridge train: give --rollout (a Python function) or --agent-cmd (a program), and --tasks; "
+              "or --from-store", file=sys.stderr)
         return 2
     if args.nproc < 1:
         raise InvalidArgument(f"--nproc: expected an int >= 1, got {args.nproc}")
@@ -81,6 +83,38 @@ def cmd_train(args: argparse.Namespace) -> int:
             policy.close()
         if server is not None:
             server.stop()
+
+
+def train_from_store(args: argparse.Namespace) -> int:
+    """`train --from-store`: one iteration learned from recorded episodes and their feedback."""
+    import datetime
+
+    import forge_bridge as fb
+
+    since = None
+    if args.since:
+        try:
+            since = float(args.since)
+        except ValueError:
+            try:
+                since = datetime.datetime.fromisoformat(args.since).replace(
+                    tzinfo=datetime.timezone.utc).timestamp()
+            except ValueError:
+                raise InvalidArgument(f"--since: expected an ISO date or a unix time, got {args.since!r}") from None
+    config = fb.GRPOConfig(**config_kwargs(args, TRAIN_FLAGS))
+    policy = fb.LocalPolicy(args.model, device=config.device, tool_format=args.tool_format or "auto")
+    trainer = fb.GRPOTrainer(policy, config, model=args.model)
+    try:
+        with fb.TrajectoryStore(args.from_store, readonly=True) as store:
+            metrics = trainer.train_offline(store, fb.OfflineConfig(since=since, run_id=args.store_run,
+                                                                    threshold=args.threshold))
+    finally:
+        trainer.close()
+        policy.close()
+    print(f"learned from {args.from_store}: {metrics['offline_episodes']} episodes, "
+          f"{metrics['offline_missing_reward']} without a reward (left out), {metrics['offline_imitated']} imitated, "
+          f"{metrics['offline_own']} of the student's own reinforced; published {metrics['adapter']} in {config.out_dir}")
+    return 0
 
 
 def _torchrun(nproc: int, argv: list[str]) -> int:

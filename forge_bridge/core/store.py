@@ -200,8 +200,12 @@ class TrajectoryStore(StoreViews):
 
     # ------------------------------------------------------------------ reading
     def _select_ids(self, *, run_id: str | None = None, task_id: str | None = None, group_id: str | None = None,
-                    status: str | Iterable[str] | None = None, adapter: str | None = None) -> list[str]:
+                    status: str | Iterable[str] | None = None, adapter: str | None = None,
+                    since: float | None = None) -> list[str]:
         where, args = [], []
+        if since is not None:
+            where.append("created_at >= ?")
+            args.append(float(since))
         for column, value in (("run_id", run_id), ("task_id", task_id), ("group_id", group_id)):
             if value is not None:
                 where.append(f"{column} = ?")
@@ -228,9 +232,12 @@ class TrajectoryStore(StoreViews):
         return trajectory_of(head, [Transition.from_dict(json.loads(s[0])) for s in steps])
 
     def iter(self, *, run_id: str | None = None, task_id: str | None = None, group_id: str | None = None,
-             status: str | Iterable[str] | None = None, adapter: str | None = None) -> Iterator[Trajectory]:
-        """Trajectories matching every filter given, oldest first, loaded one at a time."""
-        for tid in self._select_ids(run_id=run_id, task_id=task_id, group_id=group_id, status=status, adapter=adapter):
+             status: str | Iterable[str] | None = None, adapter: str | None = None,
+             since: float | None = None) -> Iterator[Trajectory]:
+        """Trajectories matching every filter given (`since`: recorded at or after that unix
+        time), oldest first, loaded one at a time."""
+        for tid in self._select_ids(run_id=run_id, task_id=task_id, group_id=group_id, status=status, adapter=adapter,
+                                    since=since):
             yield self.get(tid)
 
     def trajectories(self, **filters: Any) -> list[Trajectory]:

@@ -61,7 +61,7 @@ def test_adapters_and_trainer_live_only_under_forge_bridge(tmp_path):
 
 PUBLIC_API = [
     "Action", "AdapterError", "Distributed", "Environment", "Episode", "Feedback", "ForgeBridgeError", "GRPOConfig",
-    "GRPOTrainer", "Gateway", "Guidance", "LocalPolicy", "Observation", "PPOConfig", "PPOTrainer", "Policy",
+    "GRPOTrainer", "Gateway", "Guidance", "LocalPolicy", "Observation", "OfflineConfig", "PPOConfig", "PPOTrainer", "Policy",
     "PolicyError", "PolicyOutput", "PolicyResponseError", "PolicyUnavailable", "Recorder",
     "SFTConfig", "SchemaError", "ScriptedPolicy", "StepResult", "StepRewards", "StoreError", "Teacher", "ToolCall", "Trajectory",
     "TrajectoryGroup", "TrajectoryStore", "Transition", "VLLMPolicy", "VLLMServer", "__version__", "current_episode",
@@ -83,7 +83,7 @@ SUBPACKAGE_APIS = {
     "forge_bridge.rewards.feedback": ["Combine", "feedback", "feedback_reward", "latest_by_key", "mean"],
     "forge_bridge.rewards.judges": ["Ask", "Judge", "Malformed", "RelativeJudge", "RubricJudge", "asker", "parse_json",
                                     "transcript"],
-    "forge_bridge.trainer.config": ["Distributed", "GRPOConfig", "Guidance", "PPOConfig", "SFTConfig", "TrainerConfig"],
+    "forge_bridge.trainer.config": ["Distributed", "GRPOConfig", "Guidance", "OfflineConfig", "PPOConfig", "SFTConfig", "TrainerConfig"],
 }
 
 

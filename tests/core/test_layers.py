@@ -1,6 +1,6 @@
 """The folders are layers, and imports between them go one way (TYPE_CHECKING imports, which
 never run, excepted): core imports no other layer; policies only core; environments, serving,
-adapters and the trainer only core and policies (environments and the harness also their own);
+adapters and the trainer only core and policies (environments and the harness also their own; the trainer also rewards);
 scale (Ray) core, policies and the trainer; rewards core and policies; the app anything. And every error the library raises is a ForgeBridgeError."""
 
 import ast
@@ -17,7 +17,7 @@ ALLOWED = {
     "envs": {"core", "policies", "envs"},
     "serving": {"core", "policies", "serving"},
     "adapters": {"core", "policies", "adapters"},
-    "trainer": {"core", "policies", "trainer"},
+    "trainer": {"core", "policies", "rewards", "trainer"},
     "scale": {"core", "policies", "trainer", "scale"},
     "rewards": {"core", "policies", "rewards"},
     "app": {"core", "policies", "envs", "serving", "adapters", "trainer", "scale", "rewards", "app", "api"},

@@ -1,0 +1,139 @@
+"""Training from the store: production episodes of the agent's own model (recorded in the
+student's tokens) with delayed, partly wrong feedback are imitated where the feedback says they
+were good, and the student's own recorded episodes get a policy-gradient step against the batch;
+episodes without feedback are left out and counted; a store with nothing to learn from is a clear
+error."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import forge_bridge as fb
+from forge_bridge.core.episode import Recorder
+from forge_bridge.core.errors import InvalidArgument
+from forge_bridge.core.store import TrajectoryStore
+from forge_bridge.policies.local import LocalPolicy
+from forge_bridge.policies.scripted import ScriptedPolicy
+from forge_bridge.trainer.offline import batch_advantages
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import training_task  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def choice_dir(tmp_path_factory):
+    return training_task.choice_model(tmp_path_factory.mktemp("choice") / "model")
+
+
+def success(policy, n: int = 48) -> float:
+    rollout = training_task.make_rollout(training_task.agent_for(policy))
+    return sum(rollout(training_task.TASKS[0]) for _ in range(n)) / n
+
+
+def production_store(path, tokenizer) -> TrajectoryStore:
+    """24 episodes of 'the agent's own model' (half call add, half multiply), recorded in the
+    student's tokens; feedback arrives for 21 of them, two of it wrong."""
+    tool = {"name": "add"}
+
+    def own_model(messages, tools):
+        if messages[-1]["role"] == "tool":
+            return f"The answer is {messages[-1]['content']}."
+        return {"tool": tool["name"], "args": {"a": 2, "b": 3}}
+
+    agent = training_task.agent_for(ScriptedPolicy(own_model, tokenizer))
+    store = TrajectoryStore(path)
+    recorder = Recorder(store)
+    for k in range(24):
+        tool["name"] = "add" if k % 2 == 0 else "multiply"
+        with fb.episode("add-2-3", recorder=recorder, behaviour="upstream") as ep:
+            agent.invoke({"messages": [{"role": "user", "content": training_task.QUESTION}]})
+        if k < 21:
+            right = tool["name"] == "add"
+            fb.feedback(ep.id, float(right != (k in (4, 7))), store=store)  # episodes 4 and 7: the wrong thumb
+    return store
+
+
+def test_production_episodes_with_noisy_feedback_teach_the_student(choice_dir, tmp_path):
+    policy = LocalPolicy(choice_dir)
+    store = production_store(tmp_path / "prod.db", policy.tokenizer)
+    before = success(policy)
+    trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(out_dir=str(tmp_path / "run"), run_name="prod", progress=False,
+                                                   lora_rank=8, lora_alpha=16))
+    metrics = trainer.train_offline(store, fb.OfflineConfig(sft=fb.SFTConfig(epochs=3, lr=3e-3, publish=False)))
+    after = success(policy)
+    assert metrics["offline_episodes"] == 24 and metrics["offline_missing_reward"] == 3
+    assert metrics["offline_imitated"] == 11  # 10 of the 11 add episodes with feedback (one wrongly thumbed down), and
+    # the multiply episode wrongly thumbed up
+    assert metrics["adapter"] == "prod-v1" and policy.current() == "prod-v1" and trainer.iteration == 1
+    assert (tmp_path / "run" / "checkpoints" / "latest").is_file()
+    print(f"success at T=1 before {before:.2f}, after {after:.2f}")
+    assert after >= before + 0.25, (before, after)
+    store.close()
+    trainer.close()
+    policy.close()
+
+
+def test_the_students_own_episodes_get_a_policy_gradient_step(choice_dir, tmp_path):
+    policy = LocalPolicy(choice_dir)
+    store = TrajectoryStore(tmp_path / "own.db")
+    rollout = training_task.make_rollout(training_task.agent_for(policy))
+    for _ in range(16):  # the student's own runs, recorded as it serves; the user's thumbs arrive later
+        with fb.episode("add-2-3", recorder=Recorder(store)) as ep:
+            reward = rollout(training_task.TASKS[0])
+        fb.feedback(ep.id, reward, store=store)
+    episodes = store.trajectories()
+    assert {t.behaviour for t in episodes} == {"policy"}
+    add_call, mult_call = (next(t.transitions[0] for t in episodes if t.transitions[0].action.tool_calls[0].name == n)
+                           for n in ("add", "multiply"))
+    before = [policy.score(s.prompt_token_ids, s.completion_token_ids) for s in (add_call, mult_call)]
+    trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(out_dir=str(tmp_path / "run"), progress=False, lr=3e-3,
+                                                   lora_rank=8, lora_alpha=16))
+    metrics = trainer.train_offline(store, fb.OfflineConfig(imitate=False))
+    assert metrics["offline_reinforced_steps"] > 0 and metrics["offline_optimizer_steps"] >= 1
+    after = [policy.score(s.prompt_token_ids, s.completion_token_ids) for s in (add_call, mult_call)]
+    assert sum(after[0]) > sum(before[0]) and sum(after[1]) < sum(before[1])  # toward add, away from multiply
+    store.close()
+    trainer.close()
+    policy.close()
+
+
+def test_nothing_to_learn_from_is_a_clear_error(choice_dir, tmp_path):
+    policy = LocalPolicy(choice_dir)
+    store = production_store(tmp_path / "prod.db", policy.tokenizer)
+    trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(out_dir=str(tmp_path / "run"), progress=False))
+    with pytest.raises(InvalidArgument, match="24 episodes, 3 without feedback"):
+        trainer.train_offline(store, fb.OfflineConfig(imitate=False))  # only the upstream's: nothing to reinforce
+    with pytest.raises(InvalidArgument, match="0 episodes"):
+        trainer.train_offline(store, fb.OfflineConfig(since=2e9))
+    assert trainer.iteration == 0 and policy.current() is None  # nothing published
+    store.close()
+    trainer.close()
+    policy.close()
+
+
+def test_batch_advantages_by_hand():
+    assert batch_advantages([1.0, 0.0, 1.0, 0.0]) == [1.0, -1.0, 1.0, -1.0]
+    assert batch_advantages([0.5, 0.5]) == [0.0, 0.0] and batch_advantages([1.0]) == [0.0]
+    with pytest.raises(InvalidArgument, match="threshold"):
+        fb.OfflineConfig(threshold=float("nan"))
+    with pytest.raises(InvalidArgument, match="publish=False"):
+        fb.OfflineConfig(sft=fb.SFTConfig())
+
+
+def test_the_command_line_learns_from_a_store(choice_dir, tmp_path, capsys):
+    from forge_bridge.app.cli import main
+
+    with LocalPolicy(choice_dir) as policy:
+        production_store(tmp_path / "prod.db", policy.tokenizer).close()
+    out = tmp_path / "run"
+    assert main(["train", "--from-store", str(tmp_path / "prod.db"), "--model", choice_dir, "--since", "2020-01-01",
+                 "--out", str(out), "--run-name", "prod", "--lora-rank", "8"]) == 0
+    said = capsys.readouterr().out
+    assert "24 episodes, 3 without a reward (left out), 11 imitated" in said and "published prod-v1" in said
+    assert (out / "adapters" / "prod-v1" / "adapter_model.safetensors").is_file()
+    assert main(["train", "--from-store", str(tmp_path / "prod.db"), "--model", choice_dir, "--since", "soon",
+                 "--out", str(tmp_path / "run2")]) == 1
+    assert "--since: expected an ISO date" in capsys.readouterr().err
+    assert main(["train", "--model", choice_dir, "--out", str(tmp_path / "run3")]) == 2  # neither an agent nor a store
