@@ -13,7 +13,8 @@ the step, to be migrated again). What each version changed:
   a recorded demonstration's, or a guide's in a GRPO group; 'policy' before), and a step's
   credit the teacher's log-probabilities of its tokens (on-policy distillation; none before).
 - 4 -> 5: feedback on episodes, appended as it arrives (`feedback`: a value per key, from a user,
-  a reviewer or a judge, hours or days after the episode ended; none before).
+  a reviewer or a judge, hours or days after the episode ended; none before), and the serving
+  events (`events`: a candidate adapter promoted or refused, a version rolled back).
 """
 
 from __future__ import annotations
@@ -65,6 +66,14 @@ CREATE TABLE IF NOT EXISTS feedback (
     at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS feedback_trajectory ON feedback(trajectory_id, seq);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    slot TEXT,
+    version TEXT,
+    detail TEXT NOT NULL
+);
 CREATE INDEX IF NOT EXISTS trajectories_run ON trajectories(run_id, status);
 CREATE INDEX IF NOT EXISTS trajectories_created ON trajectories(created_at);
 CREATE INDEX IF NOT EXISTS trajectories_task ON trajectories(task_id);

@@ -48,8 +48,9 @@ class TrajectoryStore(StoreViews):
                                  "(any TrajectoryStore(path)) to migrate it, then read it" if migrations.readable(version)
                                  else f"{self.path} is not a forge-bridge trajectory store this version reads")
             have = {t: {r[1] for r in self._db.execute(f"PRAGMA table_info({t})")}
-                    for t in ("trajectories", "credit", "feedback")}
+                    for t in ("trajectories", "credit", "feedback", "events")}
             self._has_credit, self._has_feedback = bool(have["credit"]), bool(have["feedback"])
+            self._has_events = bool(have["events"])
             typed = "behaviour" in have["trajectories"]  # an older store read-only: newer columns read as defaults
             self._head, self._own = (_READ_HEAD, _OWN) if typed else (_READ_HEAD.replace("behaviour", "NULL"), "1")
             self._teacher = "teacher_logprobs" if "teacher_logprobs" in have["credit"] else "NULL"
@@ -280,6 +281,27 @@ class TrajectoryStore(StoreViews):
         for row in self._query(sql + " ORDER BY seq", args):
             out.setdefault(row[0], []).append(Feedback(*row))
         return out
+
+    # ------------------------------------------------------------------ serving events
+    def add_event(self, kind: str, *, version: str | None = None, slot: str | None = None,
+                  detail: dict | None = None) -> int:
+        """Record what happened to the served versions (a promotion, a refused candidate, a
+        rollback) with its time; returns its place in the order."""
+        if not isinstance(kind, str) or not kind:
+            raise SchemaError(f"event kind: expected a non-empty string, got {kind!r}")
+        (row,) = self._write(f"recording the event {kind}", [(
+            "INSERT INTO events (at, kind, slot, version, detail) VALUES (?, ?, ?, ?, ?) RETURNING seq",
+            (time.time(), kind, slot, version, json.dumps(detail or {}, allow_nan=False)))])
+        return row[0]
+
+    def events(self, kind: str | None = None) -> list[dict]:
+        """The serving events, oldest first: {seq, at, kind, slot, version, detail}."""
+        if not self._has_events:
+            return []
+        rows = self._query("SELECT seq, at, kind, slot, version, detail FROM events"
+                           + (" WHERE kind = ?" if kind else "") + " ORDER BY seq", (kind,) if kind else ())
+        return [{"seq": s, "at": at, "kind": k, "slot": slot, "version": v, "detail": json.loads(d)}
+                for s, at, k, slot, v, d in rows]
 
     def _query(self, sql: str, args: tuple | list = ()) -> list[tuple]:
         with self._lock:

@@ -322,6 +322,22 @@ class Policy(abc.ABC):
             self._evict_unused()
         return version
 
+    def promote(self, version: str, from_slot: str, to_slot: str = DEFAULT_SLOT) -> str:
+        """Make `version`, the current one of `from_slot` (a candidate tried there), the current
+        one of `to_slot` without loading it again; `from_slot` goes back to what it served before.
+        `rollback(to_slot)` returns to the version it replaced."""
+        with self._swap_lock:
+            source = self._slots.get(from_slot, [None])
+            if source[-1] != version or version is None:
+                raise AdapterError(f"promote: {version!r} is not what slot {from_slot!r} serves ({source[-1]!r})")
+            source.pop()
+            self._slots.setdefault(to_slot, [None]).append(version)
+            history = self._slots[to_slot]
+            while len(history) > self.keep_versions + 1:
+                self._retired.add(history.pop(1))
+            self._evict_unused()
+        return version
+
     def rollback(self, slot: str = DEFAULT_SLOT) -> str | None:
         """Serve the previous version of `slot` again (instant: it is still loaded); returns it."""
         with self._swap_lock:

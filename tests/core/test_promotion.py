@@ -1,0 +1,82 @@
+"""Guarded promotion on the taught tiny model with two adapters, while an agent's requests keep
+arriving through the gateway: a worse candidate is refused and never serves a request; a better
+one is promoted, then rolled back when its live scores fall; no request fails; every decision is
+an event in the store."""
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from forge_bridge.app import testing
+from forge_bridge.core.episode import Recorder
+from forge_bridge.core.errors import AdapterError, InvalidArgument
+from forge_bridge.core.store import TrajectoryStore
+from forge_bridge.policies.local import LocalPolicy
+from forge_bridge.serving.gateway import Gateway
+from forge_bridge.serving.promotion import CANDIDATE, Gate, Promotion
+
+GRADES = {"Version one.": 1.0, "Version two.": 0.0}
+"""The user's held-out check: 'Version one.' is the answer wanted, 'Version two.' a wrong one, and
+the base model's tool call half right."""
+
+
+def test_a_worse_candidate_never_serves_and_a_falling_one_is_rolled_back(taught_model_dir, adapter_dirs, tmp_path):
+    policy = LocalPolicy(str(taught_model_dir))
+    store = TrajectoryStore(tmp_path / "t.db")
+
+    def evaluate(slot: str) -> float:
+        return GRADES.get(policy.chat(testing.ASK, [testing.ADD_TOOL], slot=slot, temperature=0, max_tokens=32).text, 0.5)
+
+    promotion = Promotion(policy, evaluate, Gate(margin=0.0, window=5, drop=0.3), store=store)
+    statuses, stop = [], threading.Event()
+    with Gateway(policy, Recorder(store)) as gw:
+        def traffic() -> None:  # an agent's requests, all along
+            with httpx.Client(timeout=60) as client:
+                while not stop.is_set():
+                    r = client.post(gw.base_url + "/chat/completions",
+                                    json={"messages": testing.ASK, "tools": [testing.ADD_TOOL], "max_tokens": 32,
+                                          "temperature": 0})
+                    statuses.append(r.status_code)
+
+        user = threading.Thread(target=traffic)
+        user.start()
+        for _ in range(5):
+            assert promotion.observe(0.5) is False  # the base model's live scores: the baseline
+        assert promotion.consider(adapter_dirs["v2"], "worse") is False
+        assert policy.current() is None and policy.current(CANDIDATE) is None
+        assert promotion.consider(adapter_dirs["v1"], "better") is True
+        assert policy.current() == "better"
+        deadline = time.monotonic() + 120
+        while store.count(adapter="better") < 2 and time.monotonic() < deadline:  # the users get it
+            time.sleep(0.1)
+        for _ in range(4):
+            assert promotion.observe(0.1) is False  # not a full window yet
+        assert promotion.observe(0.1) is True  # 0.1 < 0.5 - 0.3 over the window
+        assert policy.current() is None  # back to the base model, at once
+        stop.set()
+        user.join()
+    assert statuses and set(statuses) == {200}
+    recorded = {s.adapter for t in store.trajectories() for s in t.transitions}
+    assert "worse" not in recorded and "better" in recorded  # the refused candidate never served a user
+    events = store.events()
+    assert [(e["kind"], e["version"]) for e in events] == [("refused", "worse"), ("promoted", "better"),
+                                                           ("rolled back", "better")]
+    assert events[0]["detail"]["candidate"] == 0.0 and events[0]["detail"]["serving"] == 0.5
+    assert events[2]["detail"]["back_to"] is None and events[2]["detail"]["live_mean"] == pytest.approx(0.1)
+    store.close()
+    policy.close()
+
+
+def test_the_gate_and_promote_are_checked(taught_model_dir):
+    with pytest.raises(InvalidArgument, match="window"):
+        Gate(window=0)
+    with pytest.raises(InvalidArgument, match="drop"):
+        Gate(drop=-1)
+    policy = LocalPolicy(str(taught_model_dir))
+    with pytest.raises(AdapterError, match="not what slot"):
+        policy.promote("nothing", CANDIDATE)
+    with pytest.raises(InvalidArgument, match="score"):
+        Promotion(policy, lambda slot: 0.0).observe(float("nan"))
+    policy.close()
