@@ -308,12 +308,14 @@ class OfflineConfig:
     """Policy gradient on the student's own recorded episodes, against the batch's mean reward."""
     sft: SFTConfig = SFTConfig(epochs=2, lr=1e-3, publish=False)
     """The imitation's passes and rate (it never publishes on its own: the iteration does)."""
+    publish: bool = True
+    """Make the policy serve the result at once (False: save it only, for a gate to decide: `Promotion.consider`)."""
 
     def __post_init__(self) -> None:
         _check(self.since is None or _number(self.since), "since", "None or a unix time", self.since)
         _check(self.run_id is None or isinstance(self.run_id, str), "run_id", "None or a run id", self.run_id)
         _check(_number(self.threshold) and math.isfinite(self.threshold), "threshold", "a finite number", self.threshold)
-        for name in ("imitate", "reinforce"):
+        for name in ("imitate", "reinforce", "publish"):
             _check(isinstance(getattr(self, name), bool), name, "a bool", getattr(self, name))
         _check(isinstance(self.sft, SFTConfig) and not self.sft.publish, "sft", "an SFTConfig with publish=False",
                self.sft)

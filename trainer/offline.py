@@ -30,6 +30,7 @@ from forge_bridge.rewards.feedback import Combine, feedback_reward, mean
 from forge_bridge.trainer import distributed, runlog
 from forge_bridge.trainer.batch import build_samples
 from forge_bridge.trainer.config import OfflineConfig
+from forge_bridge.trainer.lora import save_adapter
 
 if TYPE_CHECKING:
     from forge_bridge.rewards.judges import RubricJudge
@@ -90,7 +91,7 @@ def train_offline(trainer: "GRPOTrainer", store: TrajectoryStore, config: Offlin
         metrics.update(offline_sft_loss_first=done["sft_loss_first"], offline_sft_loss_last=done["sft_loss_last"])
     if metrics["offline_own"]:
         metrics.update(reinforce(trainer, own))
-    return finish(trainer, metrics)
+    return finish(trainer, metrics, config.publish)
 
 
 def reinforce(trainer: "GRPOTrainer", own: list[tuple[Trajectory, float]]) -> dict:
@@ -112,10 +113,16 @@ def reinforce(trainer: "GRPOTrainer", own: list[tuple[Trajectory, float]]) -> di
     return stats
 
 
-def finish(trainer: "GRPOTrainer", metrics: dict) -> dict:
-    """Publish the next version, log the iteration and checkpoint it."""
+def finish(trainer: "GRPOTrainer", metrics: dict, publish: bool = True) -> dict:
+    """Publish the next version (or only save it: `adapter_path`), log the iteration, checkpoint it."""
     n = trainer.iteration + 1
-    metrics = {"iteration": n, "adapter": trainer.publish(n), "offline": 1, **metrics}
+    version = trainer.version_name(n)
+    path = trainer.out / "adapters" / version
+    if publish:
+        trainer.publish(n)
+    else:
+        save_adapter(trainer.model, path)
+    metrics = {"iteration": n, "adapter": version, "adapter_path": str(path), "offline": 1, **metrics}
     trainer.iteration = n
     trainer.log(metrics)
     trainer.save_checkpoint()

@@ -35,6 +35,23 @@ def test_the_crewai_example_runs_and_records_one_trajectory_per_role(tmp_path):
     assert roles == {"researcher", "writer"}
 
 
+def test_the_production_loop_example_serves_every_request_and_gates_each_candidate(tmp_path):
+    import json
+
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "production_loop.py"), "--requests", "24",
+                           "--train-every", "12", "--delay", "3", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=900, env={**os.environ})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["dropped"] == 0 and len(summary["success_by_block"]) == 2
+    assert [v for _, v in summary["events"]] == ["prod-v1", "prod-v2"]  # each candidate went through the gate
+    assert {k for k, _ in summary["events"]} <= {"promoted", "refused", "rolled back"}
+    assert "request 12: trained prod-v1 on 9 requests with feedback (3 still waiting)" in proc.stdout
+    with fb.TrajectoryStore(tmp_path / "production.db") as store:
+        assert store.count(run_id="production") == 24
+        assert len(store.feedback()) == 21  # the last 3 users have not answered yet
+
+
 def readme_blocks() -> list[tuple[str, str]]:
     """Each Python block of the README with the paragraph that follows it."""
     parts = (ROOT / "README.md").read_text().split("```python\n")[1:]
