@@ -182,11 +182,23 @@ def _slot(slot: str | None) -> dict:
     return {} if slot is None else {"slot": slot}
 
 
+def check_behaviour(policy: Policy, episode: Episode | None) -> None:
+    """An upstream model's replies (`UpstreamPolicy`) go only into episodes opened as the
+    upstream's, and the student's own samples never into those: a step must never pass for
+    someone else's behaviour (the trainer imitates the one and reinforces the other)."""
+    theirs = getattr(policy, "behaviour", "policy")
+    if episode is not None and (theirs == "upstream") != (episode.trajectory.behaviour == "upstream"):
+        raise InvalidArgument(f"a {type(policy).__name__} records {theirs!r} steps, but episode {episode.id} was opened "
+                              f"as {episode.trajectory.behaviour!r}: open it with fb.episode(..., behaviour="
+                              f"{theirs!r})")
+
+
 def call_policy(policy: Policy, episode: Episode | None, messages: list[dict],
                 tools: list[dict] | None, *, source: str, limits: Limits, slot: str | None = None,
                 sampling: dict | None = None, info: dict | None = None,
                 step_rewards: StepRewards | None = None) -> PolicyOutput | None:
     """One model call of a front end, recorded; None when a limit (steps, context) ends the loop."""
+    check_behaviour(policy, episode)
     if over_step_limit(episode, limits):
         return None
     try:
@@ -204,6 +216,7 @@ async def acall_policy(policy: Policy, episode: Episode | None, messages: list[d
                        info: dict | None = None, step_rewards: StepRewards | None = None
                        ) -> PolicyOutput | None:
     """`call_policy` for async front ends."""
+    check_behaviour(policy, episode)
     if over_step_limit(episode, limits):
         return None
     try:

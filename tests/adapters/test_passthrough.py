@@ -76,3 +76,31 @@ def test_passthrough_refuses_an_episode_of_the_students_own_samples(policy, tmp_
     assert agent.invoke(QUESTION)["messages"][-1].content == "Five."  # outside an episode: only answered
     with pytest.raises(InvalidArgument, match="tokenizer"):
         ForgeMiddleware(fb.VLLMPolicy("http://127.0.0.1:9/v1"), passthrough=True)
+
+
+def test_a_crew_on_its_own_openai_compatible_model_is_recorded_per_role(policy, tmp_path):
+    import crew_demos
+    from forge_bridge.adapters.crewai import ForgeLLM
+    from forge_bridge.policies.upstream import UpstreamPolicy
+
+    own_store = TrajectoryStore(tmp_path / "own.db")
+    with Gateway(policy, Recorder(own_store)) as own:  # the crew's own model, behind an OpenAI API
+        upstream = UpstreamPolicy(own.base_url, policy.tokenizer)
+        crew = crew_demos.calculator_crew(ForgeLLM(upstream, temperature=0, max_tokens=48))
+        recorder = Recorder(TrajectoryStore(tmp_path / "prod.db"))
+        with fb.episode("calc", recorder=recorder, behaviour="upstream") as ep:
+            assert crew.kickoff().raw == "The answer is 5."
+        with fb.episode("calc", recorder=recorder) as wrong:  # the student's own samples: refused
+            with pytest.raises(InvalidArgument, match="behaviour='upstream'"):
+                ForgeLLM(upstream).call([{"role": "user", "content": "What is 2 plus 3?"}])
+        wrong.fail("refused")
+    (role,) = [t for t in recorder.store.trajectories() if t.metadata.get("parent") == ep.id]
+    assert role.behaviour == "upstream" and role.role == "calculator" and len(role) == 2
+    theirs = sorted((t.transitions[0] for t in own_store.trajectories()), key=lambda s: len(s.prompt_token_ids))
+    for mine, local in zip(role.transitions, theirs):
+        assert mine.prompt_token_ids == local.prompt_token_ids
+        assert mine.completion_token_ids == local.completion_token_ids
+    call = role.transitions[0].action.tool_calls[0]
+    assert role.transitions[0].info["tool_results"][call.id]["content"] == "5"
+    upstream.close()
+    own_store.close()
