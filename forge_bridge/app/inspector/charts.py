@@ -9,8 +9,10 @@ PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8
 
 
 def line_chart(title: str, series: dict[str, list[tuple[float, float]]], *, width: int = 420,
-               height: int = 220, y_range: tuple[float, float] | None = None) -> str:
-    """One chart: each series a polyline with dots, x = iteration; a legend below the title."""
+               height: int = 220, y_range: tuple[float, float] | None = None,
+               marks: list[tuple[float, str]] | None = None) -> str:
+    """One chart: each series a polyline with dots, x = iteration; a legend below the title;
+    `marks`: (x, label) drawn as dashed vertical lines (a version promoted or rolled back)."""
     points = [(x, y) for values in series.values() for x, y in values if math.isfinite(y)]
     if not points:
         return (f'<figure class="chart"><figcaption>{html.escape(title)}</figcaption>'
@@ -37,6 +39,10 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], *, widt
         parts.append(f'<text x="{left - 4}" y="{sy(y) + 4:.1f}" text-anchor="end" class="tick">{y:.3g}</text>')
     for x in sorted(set(xs))[:: max(1, len(set(xs)) // 8)]:
         parts.append(f'<text x="{sx(x):.1f}" y="{height - 10}" text-anchor="middle" class="tick">{x:g}</text>')
+    for x, label in marks or []:
+        if x0 <= x <= x1:
+            parts.append(f'<line class="mark" x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{top}" y2="{height - bottom}" '
+                         f'stroke="#888" stroke-dasharray="3,3"><title>{html.escape(label)}</title></line>')
     legend = []
     for n, (name, values) in enumerate(series.items()):
         colour = PALETTE[n % len(PALETTE)]

@@ -8,6 +8,7 @@ import difflib
 import html
 import json
 import math
+import re
 import time
 import urllib.parse
 from typing import Any
@@ -74,8 +75,11 @@ def index(view: RunView) -> str:
             f"<h2>Runs in the store</h2><table><tr><th>run</th><th>trajectories</th><th>complete</th>"
             f"<th>mean reward</th></tr>{rows}</table>"]
     metrics = view.metrics()
+    events = view.store.events()
+    marks = [(float(m.group(1)), f"{e['kind']} {e['version']}") for e in events
+             if (m := re.search(r"-v(\d+)$", e["version"] or ""))]
     charts = [line_chart(title, {key: [(m["iteration"], float(m[key])) for m in metrics
-                                       if isinstance(m.get(key), (int, float))] for key in keys})
+                                       if isinstance(m.get(key), (int, float))] for key in keys}, marks=marks)
               for title, keys in CURVES]
     run_id = view.training_run_id()
     if run_id:
@@ -83,6 +87,12 @@ def index(view: RunView) -> str:
         charts.append(line_chart("success rate by task kind (training rollouts)",
                                  {k: sorted(v.items()) for k, v in by_kind.items()}, y_range=(0, 1)))
     body.append(f"<h2>Training curves</h2><div class='charts' id='curves'>{''.join(charts)}</div>")
+    if events:
+        rows = "".join(f"<tr><td>{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(e['at']))}</td><td>{html.escape(e['kind'])}"
+                       f"</td><td>{html.escape(str(e['version']))}</td><td>{html.escape(json.dumps(e['detail']))}</td></tr>"
+                       for e in events)
+        body.append("<h2>Serving events</h2><p class='muted'>dashed lines on the curves</p><table id='events'>"
+                    f"<tr><th>at (UTC)</th><th>event</th><th>version</th><th>scores</th></tr>{rows}</table>")
     evaluations = view.evaluations()
     if evaluations:
         kinds = list(dict.fromkeys(k for phase in evaluations.values() for k in phase))
