@@ -187,6 +187,8 @@ def check_behaviour(policy: Policy, episode: Episode | None) -> None:
     upstream's, and the student's own samples never into those: a step must never pass for
     someone else's behaviour (the trainer imitates the one and reinforces the other)."""
     theirs = getattr(policy, "behaviour", "policy")
+    if theirs is None:  # a script: its replies stand for whoever the episode says (a demonstration's, say)
+        return
     if episode is not None and (theirs == "upstream") != (episode.trajectory.behaviour == "upstream"):
         raise InvalidArgument(f"a {type(policy).__name__} records {theirs!r} steps, but episode {episode.id} was opened "
                               f"as {episode.trajectory.behaviour!r}: open it with fb.episode(..., behaviour="

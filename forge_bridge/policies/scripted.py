@@ -72,6 +72,10 @@ def rendered(tokenizer: Any, tool_format: str, messages: list[dict], tools: list
 
 
 class ScriptedPolicy(Policy):
+    behaviour = None
+    """Whose steps it records: a script's replies stand for whoever the episode says they are
+    (a demonstration, a teacher's guide, an upstream model's in a test)."""
+
     def __init__(self, script: Script, tokenizer: Any, tool_format: str = "auto") -> None:
         """`tool_format`: the format the script writes tool calls in, and replies are parsed in
         ('hermes', 'llama3_json', 'mistral'; 'auto': the target model's, from its chat

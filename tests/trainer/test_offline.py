@@ -137,3 +137,34 @@ def test_the_command_line_learns_from_a_store(choice_dir, tmp_path, capsys):
                  "--out", str(tmp_path / "run2")]) == 1
     assert "--since: expected an ISO date" in capsys.readouterr().err
     assert main(["train", "--model", choice_dir, "--out", str(tmp_path / "run3")]) == 2  # neither an agent nor a store
+
+
+def test_a_candidate_trained_on_flipped_rewards_is_refused_by_the_gate(choice_dir, tmp_path):
+    from forge_bridge.serving.promotion import CANDIDATE, Gate, Promotion
+
+    policy = LocalPolicy(choice_dir)
+    store = production_store(tmp_path / "prod.db", policy.tokenizer)
+    for t in store.trajectories():  # every thumb flipped: the wrong tool praised
+        events = store.feedback([t.id]).get(t.id)
+        if events:
+            fb.feedback(t.id, 1.0 - events[-1].value, store=store)
+    trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(out_dir=str(tmp_path / "run"), run_name="flip", progress=False,
+                                                   lora_rank=8, lora_alpha=16))
+    job = trainer.train_offline(store, fb.OfflineConfig(sft=fb.SFTConfig(epochs=3, lr=3e-3, publish=False),
+                                                        publish=False))
+    assert policy.current() is None  # saved only: the gate decides
+
+    def evaluate(slot: str) -> float:  # the held-out check: how often the first call picks add
+        tools = training_task.TOOLS
+        picks = [policy.chat([{"role": "user", "content": training_task.QUESTION}], tools, slot=slot, temperature=1.0,
+                             max_tokens=48, seed=k).action.tool_calls for k in range(32)]
+        return sum(bool(c) and c[0].name == "add" for c in picks) / 32
+
+    promotion = Promotion(policy, evaluate, Gate(margin=0.05), store=store)
+    assert promotion.consider(job["adapter_path"], job["adapter"]) is False
+    assert policy.current() is None and policy.current(CANDIDATE) is None
+    (event,) = store.events()
+    assert event["kind"] == "refused" and event["detail"]["candidate"] < event["detail"]["serving"] - 0.05
+    store.close()
+    trainer.close()
+    policy.close()
