@@ -113,9 +113,7 @@ def rendered_reply(student: Any, messages: list[dict], tools: list[dict] | None,
     finish = reply.response_metadata.get("finish_reason")
     out = rendered(student.tokenizer, getattr(student, "tool_format", "hermes"), normalize_messages(messages), tools,
                    reply.text, [(c.name, json.loads(c.arguments)) for c in calls], 1 << 30, None,
-                   {"upstream": reply.response_metadata.get("model_name")})
-    if finish == "length":  # cut by its limit: no end-of-turn token
-        out.completion_token_ids, out.completion_logprobs = out.completion_token_ids[:-1], out.completion_logprobs[:-1]
+                   {"upstream": reply.response_metadata.get("model_name")}, cut=finish == "length")
     out.action = Action(content=reply.text, tool_calls=calls, finish_reason=finish)
     return out
 

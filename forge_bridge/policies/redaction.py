@@ -60,10 +60,9 @@ class Redaction:
         t = Transition.from_dict(after)
         out = rendered(self.tokenizer, self.tool_format, t.observation.messages, t.observation.tools,
                        t.action.content, [(c.name, arguments(c.arguments)) for c in t.action.tool_calls],
-                       1 << 30, t.adapter, {})
-        completion = out.completion_token_ids[:-1] if t.action.finish_reason == "length" else out.completion_token_ids
-        t.prompt_token_ids, t.completion_token_ids = out.prompt_token_ids, completion
-        t.completion_logprobs = [0.0] * len(completion)
+                       1 << 30, t.adapter, {}, cut=t.action.finish_reason == "length")
+        t.prompt_token_ids, t.completion_token_ids = out.prompt_token_ids, out.completion_token_ids
+        t.completion_logprobs = out.completion_logprobs
         t.info["redacted"] = True
         t.__post_init__()
         return t

@@ -53,16 +53,18 @@ def check_tools(calls: list[tuple[str, dict]], tools: list[dict] | None) -> None
 
 
 def rendered(tokenizer: Any, tool_format: str, messages: list[dict], tools: list[dict] | None, content: str,
-             calls: list[tuple[str, Any]], max_tokens: int, adapter: str | None, info: dict) -> PolicyOutput:
+             calls: list[tuple[str, Any]], max_tokens: int, adapter: str | None, info: dict,
+             cut: bool = False) -> PolicyOutput:
     """A reply written by someone else (a script, an upstream model) as the model of `tokenizer`
     would have produced it: the prompt in its chat template, the content and calls in its
     tool-call format, then its end-of-turn token (cut at `max_tokens`, as a model hitting the
-    limit is). Normalized `messages` in; the output's log-probabilities are 0 (not sampled)."""
+    limit is; `cut`: the writer hit its own limit there, so no end-of-turn token either).
+    Normalized `messages` in; the output's log-probabilities are 0 (not sampled)."""
     prompt = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True)
     prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
     text = render_calls(content, calls, tool_format)
     ids = tokenizer.encode(text, add_special_tokens=False)
-    ended = len(ids) < max_tokens  # room for the end-of-turn token too
+    ended = len(ids) < max_tokens and not cut  # room for the end-of-turn token too
     ids = ids if ended else ids[:max_tokens]  # cut as a model hitting max_tokens is
     completion = ids + [tokenizer.eos_token_id] if ended else ids
     reply = text if ended else tokenizer.decode(ids, skip_special_tokens=False)  # specials such as [TOOL_CALLS] kept

@@ -86,9 +86,8 @@ class UpstreamPolicy(Policy):
         content, finish = message.get("content") or "", choice.get("finish_reason")
         out = rendered(self.tokenizer, self.tool_format, messages, tools, content,
                        [(c.name, arguments(c.arguments)) for c in calls], 1 << 30, adapter,
-                       {"upstream": data.get("model") or self.model, "upstream_latency_s": time.perf_counter() - t0})
-        if finish == "length":  # the upstream hit its limit: no end-of-turn token, as a model cut there
-            out.completion_token_ids, out.completion_logprobs = out.completion_token_ids[:-1], out.completion_logprobs[:-1]
+                       {"upstream": data.get("model") or self.model, "upstream_latency_s": time.perf_counter() - t0},
+                       cut=finish == "length")
         out.action = Action(content=content, tool_calls=calls, finish_reason=finish,
                             reasoning=message.get("reasoning_content") or message.get("reasoning") or "")
         return out
