@@ -95,7 +95,11 @@ class Promotion:
         """Try `version` on the held-out suite beside the serving one; promote it if it passes."""
         serving = self.policy.current(self.slot)
         self.policy.load_adapter(path, version, slot=CANDIDATE)
-        candidate_score, serving_score = float(self.evaluate(CANDIDATE)), float(self.evaluate(self.slot))
+        try:
+            candidate_score, serving_score = float(self.evaluate(CANDIDATE)), float(self.evaluate(self.slot))
+        except BaseException:  # no verdict: the candidate leaves its slot, unserved
+            self.policy.rollback(CANDIDATE)
+            raise
         detail = {"candidate": candidate_score, "serving": serving_score, "serving_version": serving,
                   "margin": self.gate.margin}
         if candidate_score >= serving_score - self.gate.margin:

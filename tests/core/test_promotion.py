@@ -80,3 +80,15 @@ def test_the_gate_and_promote_are_checked(taught_model_dir):
     with pytest.raises(InvalidArgument, match="score"):
         Promotion(policy, lambda slot: 0.0).observe(float("nan"))
     policy.close()
+
+
+def test_a_check_that_fails_leaves_the_candidate_unserved(taught_model_dir, adapter_dirs):
+    policy = LocalPolicy(str(taught_model_dir))
+
+    def broken(slot: str) -> float:
+        raise RuntimeError("the held-out suite crashed")
+
+    with pytest.raises(RuntimeError, match="crashed"):
+        Promotion(policy, broken).consider(adapter_dirs["v1"], "cand-1")
+    assert policy.current() is None and policy.current(CANDIDATE) is None
+    policy.close()
