@@ -112,7 +112,7 @@ def rendered_reply(student: Any, messages: list[dict], tools: list[dict] | None,
     calls = [ToolCall(id=tc.get("id") or "", name=tc["name"], arguments=json.dumps(tc["args"])) for tc in reply.tool_calls]
     finish = reply.response_metadata.get("finish_reason")
     out = rendered(student.tokenizer, getattr(student, "tool_format", "hermes"), normalize_messages(messages), tools,
-                   reply.text, [(c.name, json.loads(c.arguments)) for c in calls], 1 << 30, None,
+                   reply.text, [(tc["name"], tc["args"]) for tc in reply.tool_calls], 1 << 30, None,
                    {"upstream": reply.response_metadata.get("model_name")}, cut=finish == "length")
     out.action = Action(content=reply.text, tool_calls=calls, finish_reason=finish)
     return out

@@ -186,7 +186,7 @@ def check_behaviour(policy: Policy, episode: Episode | None) -> None:
     """An upstream model's replies (`UpstreamPolicy`) go only into episodes opened as the
     upstream's, and the student's own samples never into those: a step must never pass for
     someone else's behaviour (the trainer imitates the one and reinforces the other)."""
-    theirs = getattr(policy, "behaviour", "policy")
+    theirs = policy.behaviour
     if theirs is None:  # a script: its replies stand for whoever the episode says (a demonstration's, say)
         return
     if episode is not None and (theirs == "upstream") != (episode.trajectory.behaviour == "upstream"):

@@ -181,6 +181,9 @@ class ClientSpec:
 class Policy(abc.ABC):
     """Where every model call of a wrapped agent goes."""
 
+    behaviour: str | None = "policy"
+    """Whose steps its replies are (`BEHAVIOURS`; None: whoever the episode says, as a script's)."""
+
     def __init__(self, keep_versions: int = 3, adapter_roots: Sequence[str | Path] | None = None) -> None:
         """`adapter_roots`: folders adapters may be loaded from (None: anywhere); a path outside
         them, symlinks resolved, is refused before any file is read."""
@@ -323,9 +326,8 @@ class Policy(abc.ABC):
         return version
 
     def promote(self, version: str, from_slot: str, to_slot: str = DEFAULT_SLOT) -> str:
-        """Make `version`, the current one of `from_slot` (a candidate tried there), the current
-        one of `to_slot` without loading it again; `from_slot` goes back to what it served before.
-        `rollback(to_slot)` returns to the version it replaced."""
+        """Make `version`, current in `from_slot` (a candidate tried there), current in `to_slot` with no
+        reload; `from_slot` serves what it did before, and `rollback(to_slot)` returns to the replaced one."""
         with self._swap_lock:
             source = self._slots.get(from_slot, [None])
             if source[-1] != version or version is None:

@@ -56,7 +56,7 @@ class Gateway:
         self.limits = Limits(max_model_calls=max_model_calls)
         self.step_rewards = step_rewards
         self.policy = policy
-        self.behaviour: str = getattr(policy, "behaviour", None) or "policy"
+        self.behaviour: str = policy.behaviour or "policy"
         """What its episodes record: the policy's own steps, or an upstream model's (`UpstreamPolicy`)."""
         self.recorder = recorder or Recorder()
         self.token = token
