@@ -47,6 +47,8 @@ class Group:
         """Whether the model is wrapped (DDP) or sharded (FSDP2) yet: at the first update."""
         self.failed: str | None = None
         """Why a collective failed: the group is unusable after it (the job must restart)."""
+        self.owned = False
+        """Whether `join` started the process group (then `leave` ends it; Ray Train ends its own)."""
 
     @property
     def sharded(self) -> bool:
@@ -91,9 +93,25 @@ def join(config: Distributed | None) -> Group | None:
             return None
         backend = config.backend if config.backend != "auto" else "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=config.timeout_s))
+        started = True
+    else:
+        started = False
     if dist.get_world_size() <= 1:
         return None
-    return Group(config)
+    group = Group(config)
+    group.owned = started
+    return group
+
+
+def leave(trainer: "Trainer") -> None:
+    """End the process group this process started, before the interpreter exits: a gloo group
+    left to the exit can abort the process ('terminate called without an active exception')."""
+    import torch.distributed as dist
+
+    group = trainer.group
+    if group is not None and group.owned and dist.is_initialized():
+        trainer.group, trainer.bodies = None, {}
+        dist.destroy_process_group()
 
 
 def leader() -> bool:
@@ -299,4 +317,4 @@ def full_norm(norm: torch.Tensor) -> float:
     return float(_full(norm))
 
 
-__all__ = ["Group", "assign", "check_local", "follow", "join", "leader", "reducing", "run_update", "stop"]
+__all__ = ["Group", "assign", "check_local", "follow", "join", "leader", "leave", "reducing", "run_update", "stop"]

@@ -73,8 +73,7 @@ class Trainer:
         """The KL reference (the base model until `freeze_reference`)."""
         self.step_advantages: dict[tuple[str, int], float] = {}
         """(trajectory id, step) -> the advantage `prepare` computed for the current iteration."""
-        self.step_teacher: dict[tuple[str, int], list[float]] = {}
-        """(trajectory id, step) -> the teacher's log-probabilities of its tokens (distillation)."""
+        self.step_teacher: dict[tuple[str, int], list[float]] = {}  # (trajectory id, step) -> teacher logprobs
         self.iteration = 0
         if not self.follower:  # the run folder and the store are the leader's
             self._open_run(str(source), recorder)
@@ -397,4 +396,5 @@ class Trainer:
     def close(self) -> None:
         if not self.follower:
             self.runlog.close()
+        distributed.leave(self)
 
