@@ -54,23 +54,26 @@ def multiply(a: int, b: int) -> int:
     return a * b
 
 
-def coin_flip_model(path: Path) -> str:
-    """A tiny model taught both tool choices for the question (right half the time at T=1)."""
+def coin_flip_model(path: Path, questions: tuple[str, ...] = (QUESTION,)) -> str:
+    """A tiny model taught both tool choices for each question (right half the time at T=1)."""
     from langchain_core.utils.function_calling import convert_to_openai_tool
 
     tools = [convert_to_openai_tool(add), convert_to_openai_tool(multiply)]
     call = '<tool_call>\n{{"name": "{}", "arguments": {{"a": 2, "b": 3}}}}\n</tool_call>'
 
-    def after(name: str, result: int) -> list[dict]:
-        return testing.ASK + [
+    def after(ask: list[dict], name: str, result: int) -> list[dict]:
+        return ask + [
             {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {
                 "name": name, "arguments": '{"a": 2, "b": 3}'}}]},
             {"role": "tool", "tool_call_id": "c", "content": str(result), "name": name}]
 
+    examples = []
+    for question in questions:
+        ask = [{"role": "user", "content": question}]
+        examples += [(ask, tools, call.format("add")), (ask, tools, call.format("multiply")),
+                     (after(ask, "add", 5), tools, "The answer is 5."), (after(ask, "multiply", 6), tools, "The answer is 6.")]
     model, tokenizer = models.tiny(seed=1)
-    testing.teach(model, tokenizer, [(testing.ASK, tools, call.format("add")), (testing.ASK, tools, call.format("multiply")),
-                                     (after("add", 5), tools, "The answer is 5."),
-                                     (after("multiply", 6), tools, "The answer is 6.")], steps=150)
+    testing.teach(model, tokenizer, examples, steps=150)
     return str(models.save(model, tokenizer, path))
 
 
@@ -86,14 +89,16 @@ def held_out(policy: fb.Policy, slot: str, n: int = 24) -> float:
     return right / n
 
 
-def serve(gateway: Gateway, episode_id: str) -> tuple[bool, float, int]:
-    """One user's request through the agent: (right answer, seconds, HTTP status of its calls)."""
-    model = ChatOpenAI(base_url=gateway.episode_url(episode_id), api_key="unused", model="forge",
-                       temperature=1.0, max_tokens=48, max_retries=0)
-    agent = create_agent(model, [add, multiply])
+def serve(gateway: Gateway, episode_id: str, question: str = QUESTION, *, model: str = "forge",
+          seed: int | None = None) -> tuple[bool, float, int]:
+    """One user's request through the agent: (right answer, seconds, HTTP status of its calls).
+    `model` names the gateway's policy slot that answers (another name: the serving version)."""
+    chat = ChatOpenAI(base_url=gateway.episode_url(episode_id), api_key="unused", model=model,
+                      temperature=1.0, max_tokens=48, max_retries=0, seed=seed)
+    agent = create_agent(chat, [add, multiply])
     t0 = time.perf_counter()
     try:
-        answer = agent.invoke({"messages": [{"role": "user", "content": QUESTION}]})["messages"][-1].content
+        answer = agent.invoke({"messages": [{"role": "user", "content": question}]})["messages"][-1].content
         status = 200
     except Exception:  # noqa: BLE001 - counted as a dropped request
         answer, status = "", 500

@@ -272,14 +272,15 @@ class TrajectoryStore(StoreViews):
         episodes, or of all; `after`: only events past that place in the arrival order."""
         if not self._has_feedback:  # an older store read without migrating it
             return {}
-        sql, args = "SELECT trajectory_id, value, key, comment, step, source, seq, at FROM feedback WHERE seq > ?", [after]
-        if episode_ids is not None:
-            ids = list(episode_ids)
-            sql += f" AND trajectory_id IN ({','.join('?' * len(ids))})"
-            args += ids
+        sql = "SELECT trajectory_id, value, key, comment, step, source, seq, at FROM feedback WHERE seq > ?"
+        ids = None if episode_ids is None else list(dict.fromkeys(episode_ids))
+        # The ids go in chunks: old SQLite builds take at most 999 variables in a statement.
+        chunks = [None] if ids is None else [ids[k:k + 900] for k in range(0, len(ids), 900)]
         out: dict[str, list[Feedback]] = {}
-        for row in self._query(sql + " ORDER BY seq", args):
-            out.setdefault(row[0], []).append(Feedback(*row))
+        for chunk in chunks:
+            where = "" if chunk is None else f" AND trajectory_id IN ({','.join('?' * len(chunk))})"
+            for row in self._query(sql + where + " ORDER BY seq", [after] + (chunk or [])):
+                out.setdefault(row[0], []).append(Feedback(*row))
         return out
 
     # ------------------------------------------------------------------ serving events

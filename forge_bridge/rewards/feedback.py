@@ -18,8 +18,9 @@ from forge_bridge.core.errors import NotFound, WrongType
 from forge_bridge.core.store import TrajectoryStore
 from forge_bridge.core.types import Feedback
 
-Combine = Callable[[Mapping[str, float]], float]
-"""The keys' latest values -> the reward (e.g. `lambda v: v.get("reviewer", v.get("user"))`)."""
+Combine = Callable[[Mapping[str, float]], "float | None"]
+"""The keys' latest values -> the reward (e.g. `lambda v: v.get("reviewer", v.get("user"))`);
+None: no reward yet (the key it reads has not arrived), so the episode is left out, not a 0."""
 
 
 def latest_by_key(events: Iterable[Feedback]) -> dict[str, Feedback]:
@@ -39,7 +40,8 @@ def feedback_reward(events: Iterable[Feedback], combine: Combine = mean) -> floa
     """An episode's reward from its feedback: the latest value per key, then `combine`; None
     when there is no feedback."""
     latest = {key: event.value for key, event in latest_by_key(events).items()}
-    return float(combine(latest)) if latest else None
+    value = combine(latest) if latest else None
+    return None if value is None else float(value)
 
 
 def feedback(episode_id: str, value: float, *, key: str = "user", comment: str | None = None,

@@ -63,12 +63,22 @@ def transcript(trajectory: Trajectory, max_chars: int = 6000) -> str:
     if not trajectory.transitions:
         return "(no model call was recorded)"
     last = trajectory.transitions[-1]
-    lines = [f"{m['role']}: {m.get('content') or json.dumps(m.get('tool_calls', ''))}"
+    lines = [f"{m.get('role')}: {m.get('content') or ''}{called(m.get('tool_calls') or [])}"
              for m in last.observation.messages]
-    calls = "".join(f" [calls {c.name}({c.arguments})]" for c in last.action.tool_calls)
-    lines.append(f"assistant: {last.action.content}{calls}")
+    lines.append(f"assistant: {last.action.content}{called([c.to_openai() for c in last.action.tool_calls])}")
     text = "\n".join(lines)
     return text if len(text) <= max_chars else "…" + text[-max_chars:]
+
+
+def called(tool_calls: list) -> str:
+    """A message's tool calls as the judge reads them: name and arguments, not the call ids (which
+    mean nothing to a judge, and would make every transcript differ for the cache)."""
+    out = ""
+    for call in tool_calls:
+        function = call.get("function", call) if isinstance(call, dict) else {}
+        arguments = function.get("arguments", "")
+        out += f" [calls {function.get('name')}({arguments if isinstance(arguments, str) else json.dumps(arguments)})]"
+    return out
 
 
 def parse_json(text: str) -> Any:
@@ -146,6 +156,15 @@ class Judge:
         self.store.add_feedback(Feedback(episode_id=trajectory.id, value=score, key=self.key,
                                          comment=reason or None, source=f"judge:{self.name}"))
 
+    def record_failure(self, trajectories: Sequence[Trajectory]) -> None:
+        """A failed verdict as a `judge_failed` event in the store (the episodes, the judge, why):
+        their reward stays missing, and the store says why."""
+        if self.store is not None:
+            with self._lock:
+                error = self.failures[-1] if self.failures else "no verdict"
+            self.store.add_event("judge_failed", detail={"episodes": [t.id for t in trajectories],
+                                                         "judge": self.name, "key": self.key, "error": error})
+
     def digest(self, *texts: str) -> str:
         return hashlib.sha256("\0".join((type(self).__name__, self.rubric) + texts).encode()).hexdigest()
 
@@ -167,6 +186,7 @@ class RubricJudge(Judge):
 
         verdict = self.verdict(messages, read, self.digest(text))
         if verdict is None:
+            self.record_failure([trajectory])
             return None
         self.record(trajectory, *verdict)
         return verdict[0]
@@ -206,6 +226,7 @@ class RelativeJudge(Judge):
 
         verdict = self.verdict(messages, read, self.digest(*texts))
         if verdict is None:
+            self.record_failure(trajectories)
             return None
         for t, (score, reason) in zip(trajectories, verdict):
             self.record(t, score, reason)

@@ -37,6 +37,20 @@ def test_the_reward_is_the_latest_value_per_key_then_combined():
     assert feedback_reward([]) is None  # no feedback: no reward (left out of training), never 0
     unstored = [Feedback("e", 1.0), Feedback("e", 0.5)]  # not stored yet: the order given
     assert feedback_reward(unstored) == 0.5
+    assert feedback_reward(events, combine=lambda v: v.get("reviewer")) is None  # its key has not arrived
+
+
+def test_feedback_of_more_episodes_than_sqlite_takes_variables_in_one_statement(tmp_path):
+    with TrajectoryStore(tmp_path / "t.db") as store:
+        ids = [f"ep-{k}" for k in range(2500)]
+        store.add_many([Trajectory(id=i, task_id="t", reward=None, end_reason="terminated") for i in ids])
+        for k in (0, 999, 1000, 2499):
+            fb.feedback(ids[k], k / 2499, store=store)
+        fb.feedback(ids[999], 1.0, key="judge", store=store)
+        got = store.feedback(ids + ids[:10])  # repeated ids are read once
+        assert set(got) == {ids[0], ids[999], ids[1000], ids[2499]}
+        assert [e.key for e in got[ids[999]]] == ["user", "judge"] and got[ids[2499]][0].value == 1.0
+        assert store.feedback([]) == {}
 
 
 def test_feedback_is_appended_and_read_back_with_its_order_and_time(tmp_path):

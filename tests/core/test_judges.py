@@ -75,6 +75,30 @@ def test_a_judge_that_keeps_failing_gives_no_score_never_a_zero(store):
     assert url.score(store.get("bad")) is None and "unreachable" in url.failures[0]
     assert store.feedback(["bad"]) == {}  # nothing recorded, so the episode's reward stays missing
     assert feedback_reward(store.feedback(["bad"]).get("bad", [])) is None
+    failed = store.events("judge_failed")  # each failed verdict is in the store, with why
+    assert [e["detail"]["episodes"] for e in failed] == [["bad"]] * 3
+    assert ["malformed" in failed[0]["detail"]["error"], "timed out" in failed[1]["detail"]["error"],
+            "unreachable" in failed[2]["detail"]["error"]] == [True] * 3
+
+
+def test_the_transcript_leaves_out_call_ids_so_equal_work_is_judged_once(store):
+    def called(call_id: str) -> Trajectory:
+        messages = [{"role": "user", "content": "What is 2 plus 3?"},
+                    {"role": "assistant", "content": "", "tool_calls": [{"id": call_id, "type": "function", "function": {
+                        "name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
+                    {"role": "tool", "tool_call_id": call_id, "content": "5"}]
+        step = Transition(observation=Observation(messages=messages), action=Action(content="It is 5."),
+                          prompt_token_ids=[1], completion_token_ids=[2], completion_logprobs=[0.0])
+        return Trajectory(id=call_id, task_id="add", end_reason="terminated", transitions=[step])
+
+    seen: list = []
+    judge = RubricJudge(judge_policy(['{"score": 1, "reason": "right"}'], seen), RUBRIC, store=store)
+    first, second = called("call_a1"), called("call_b2")
+    store.add_many([first, second])
+    assert judge.score(first) == judge.score(second) == 1.0 and judge.calls == 1
+    assert "assistant:  [calls add({\"a\": 2, \"b\": 3})]\ntool: 5\nassistant: It is 5." in seen[0][1]["content"]
+    assert "call_a1" not in seen[0][1]["content"]
+    assert [e.value for e in store.feedback(["call_b2"])["call_b2"]] == [1.0]  # each episode still gets its verdict
 
 
 def test_a_group_is_ranked_in_one_call(store):
