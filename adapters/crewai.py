@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from typing import Any
 
 # Offline by default: CrewAI reads these when it starts, so they are set before it is imported,
@@ -34,7 +35,8 @@ from crewai.llms.base_llm import BaseLLM  # noqa: E402
 from pydantic import ConfigDict, Field, PrivateAttr  # noqa: E402
 
 from forge_bridge.core.episode import Episode, current_episode  # noqa: E402
-from forge_bridge.core.errors import WrongType
+from forge_bridge.core.actions import ToolCall  # noqa: E402
+from forge_bridge.core.errors import PolicyResponseError, PolicyUnavailable, WrongType  # noqa: E402
 from forge_bridge.core.recording import (  # noqa: E402
     DEFAULT_MAX_MODEL_CALLS,
     DEFAULT_MAX_TOOL_OUTPUT_CHARS,
@@ -48,6 +50,8 @@ from forge_bridge.core.recording import (  # noqa: E402
     run_tool,
 )
 from forge_bridge.policies.base import DEFAULT_SLOT, Policy, PolicyOutput  # noqa: E402
+from forge_bridge.policies.messages import normalize_messages  # noqa: E402
+from forge_bridge.policies.upstream import Upstream  # noqa: E402
 
 STEP_LIMIT_ANSWER = "[forge-bridge: the step limit was reached]"
 """The final answer ForgeLLM gives CrewAI past `max_model_calls` (not a model output: not recorded)."""
@@ -219,4 +223,46 @@ def wrap_crewai(obj: Any, policy: Policy) -> Any:
     raise WrongType(f"wrap() accepts a CrewAI Agent, Crew or LLM; got {type(obj).__name__}")
 
 
-__all__ = ["ForgeLLM", "wrap_crewai"]
+
+class CrewAIUpstream(Upstream):
+    """A crew's own CrewAI LLM as an upstream: record-only mode for any provider CrewAI speaks
+    (its native Anthropic, Gemini, Bedrock, Azure clients, OpenAI, or LiteLLM's). Give it to
+    `ForgeLLM` inside an episode opened with `behaviour="upstream"`: the crew's own model answers
+    each call, with its own settings (temperature, max tokens: `ForgeLLM`'s are not sent), and
+    the reply is recorded in the student's tokens (`tokenizer`: the student's, e.g.
+    `student.tokenizer`), like `UpstreamPolicy` for an OpenAI-compatible server."""
+
+    def __init__(self, llm: BaseLLM, tokenizer: Any, *, tool_format: str = "auto") -> None:
+        if not isinstance(llm, BaseLLM) or isinstance(llm, ForgeLLM):
+            raise WrongType(f"CrewAIUpstream(llm): expected the crew's own CrewAI LLM (crewai.LLM(...)), "
+                            f"got {type(llm).__name__}")
+        super().__init__(tokenizer, tool_format)
+        self.llm = llm
+
+    def _chat(self, messages, tools, sampling, adapter) -> PolicyOutput:
+        from crewai.utilities.agent_utils import extract_tool_call_info
+
+        messages, t0 = normalize_messages(messages), time.perf_counter()
+        try:  # no available_functions: the LLM hands its tool calls back instead of running them
+            reply = self.llm.call(messages, tools=tools or None, available_functions=None)
+        except Exception as exc:  # noqa: BLE001 - whatever the provider's client raises is an outage here
+            raise PolicyUnavailable(f"the crew's own model ({self.llm.model}) failed: "
+                                    f"{type(exc).__name__}: {exc}") from None
+        calls = []
+        if isinstance(reply, list):  # the provider's own tool-call objects
+            for item in reply:
+                info = extract_tool_call_info(item)
+                if info is None:
+                    raise PolicyResponseError(f"the crew's own model ({self.llm.model}) answered a tool call "
+                                              f"of an unknown shape: {type(item).__name__}")
+                call_id, name, args = info
+                calls.append(ToolCall(id=str(call_id), name=name, arguments=args if isinstance(args, str)
+                                      else json.dumps(args)))
+        elif not isinstance(reply, str):
+            raise PolicyResponseError(f"the crew's own model ({self.llm.model}) answered a "
+                                      f"{type(reply).__name__}, not text or tool calls")
+        return self.recorded(messages, tools, "" if calls else reply, calls, "tool_calls" if calls else "stop",
+                             adapter, {"upstream": self.llm.model, "upstream_latency_s": time.perf_counter() - t0})
+
+
+__all__ = ["CrewAIUpstream", "ForgeLLM", "wrap_crewai"]

@@ -120,7 +120,7 @@ class Trainer:
         self.slots = [DEFAULT_SLOT] + sorted(set(self.role_slots.values()) - {DEFAULT_SLOT})
         """The LoRAs this run trains, by policy slot: the shared one and one per role slot."""
         self.model = attach_lora(base, config.lora_rank, config.lora_alpha, config.lora_targets,
-                                 extra_adapters=self.slots[1:])
+                                 extra_adapters=self.slots[1:], seed=config.seed)
         self.bf16 = bf16_supported(self.device) if config.bf16 is None else config.bf16
         self.extra_modules = {name: module.to(self.device) for name, module in
                               self.make_extra_modules(base.config.hidden_size).items()}

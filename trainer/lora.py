@@ -7,6 +7,7 @@ which one a forward pass uses and trains.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -27,9 +28,13 @@ def _config(rank: int, alpha: int, targets: Sequence[str], dropout: float) -> An
 
 
 def attach_lora(model: Any, rank: int, alpha: int, targets: Sequence[str], dropout: float = 0.0,
-                extra_adapters: Sequence[str] = ()) -> Any:
+                extra_adapters: Sequence[str] = (), seed: int | None = None) -> Any:
     """Freeze `model` and wrap it with a trainable LoRA (peft), plus one more LoRA of the same
-    shape for each name in `extra_adapters`; `default` is the active one."""
+    shape for each name in `extra_adapters`; `default` is the active one. `seed`: draw the LoRAs'
+    A matrices (peft's init: Kaiming-uniform, B = 0) from a generator of their own, so the start
+    is the same whatever else in the process drew from torch's global one (a policy sampling in
+    another thread, say); None: peft's own draw from the global generator."""
+    import torch
     from peft import get_peft_model
 
     for p in model.parameters():
@@ -38,6 +43,13 @@ def attach_lora(model: Any, rank: int, alpha: int, targets: Sequence[str], dropo
     for name in extra_adapters:
         peft_model.add_adapter(name, _config(rank, alpha, targets, dropout))
     peft_model.set_adapter(DEFAULT_ADAPTER)
+    if seed is not None:
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        with torch.no_grad():
+            for _, p in sorted((n, p) for n, p in peft_model.named_parameters() if ".lora_A." in n):
+                fresh = torch.empty(p.shape, dtype=torch.float32)
+                torch.nn.init.kaiming_uniform_(fresh, a=math.sqrt(5), generator=generator)
+                p.copy_(fresh)
     return peft_model
 
 

@@ -9,6 +9,8 @@ trajectories are marked `behaviour="upstream"`: never on-policy samples of the s
 
 Put it behind the gateway (`forge-bridge gateway --upstream URL`) and point the agent's
 `base_url` at the gateway: the agent sees the upstream's answers; the store gets each step.
+`Upstream` is what any such policy shares; `forge_bridge.adapters.crewai.CrewAIUpstream` is one
+over a CrewAI LLM of any provider (Anthropic, Gemini, Bedrock, ...).
 """
 
 from __future__ import annotations
@@ -36,11 +38,44 @@ def arguments(text: str) -> Any:
         return text
 
 
-class UpstreamPolicy(Policy):
-    """Calls an OpenAI-compatible server; records its replies in `tokenizer`'s tokens."""
+class Upstream(Policy):
+    """What every upstream shares: the agent's own model answers; its reply is recorded in the
+    student's tokens (`tokenizer`, `tool_format`), marked `behaviour="upstream"`, never trained here.
+    A subclass asks its model (`_chat`/`_achat`) and hands the reply to `recorded`."""
 
     behaviour = "upstream"
     """What the episodes recorded through it are (`Trajectory.behaviour`)."""
+
+    def __init__(self, tokenizer: Any, tool_format: str = "auto") -> None:
+        super().__init__()
+        if tool_format != "auto" and tool_format not in PARSERS:
+            raise SchemaError(f"tool_format: expected 'auto' or one of {sorted(PARSERS)}, got {tool_format!r}")
+        self.tokenizer = tokenizer
+        self.tool_format = detect_format(getattr(tokenizer, "chat_template", None)) if tool_format == "auto" else tool_format
+
+    def recorded(self, messages: list[dict], tools: list[dict] | None, content: str, calls: list[ToolCall],
+                 finish: str | None, adapter: str | None, info: dict, reasoning: str = "") -> PolicyOutput:
+        """The reply as the agent sees it (content, calls, finish reason unchanged), with the
+        student's tokens for the record; normalized `messages` in."""
+        out = rendered(self.tokenizer, self.tool_format, messages, tools, content,
+                       [(c.name, arguments(c.arguments)) for c in calls], 1 << 30, adapter, info,
+                       cut=finish == "length")
+        out.action = Action(content=content, tool_calls=calls, finish_reason=finish, reasoning=reasoning)
+        return out
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _load(self, path: Path, version: str) -> None:
+        raise Unsupported("the upstream model is not trained here: train the student on what it recorded, and "
+                          "serve the student's adapters from a LocalPolicy or a vLLM server")
+
+    def _unload(self, version: str) -> None:
+        pass
+
+
+class UpstreamPolicy(Upstream):
+    """Calls an OpenAI-compatible server; records its replies in `tokenizer`'s tokens."""
 
     def __init__(self, base_url: str, tokenizer: Any, *, model: str | None = None, api_key: str | None = None,
                  timeout_s: float = 120.0, tool_format: str = "auto") -> None:
@@ -49,11 +84,8 @@ class UpstreamPolicy(Policy):
         `tool_format`: the student's tool-call format ('auto': from its chat template)."""
         import httpx
 
-        super().__init__()
-        if tool_format != "auto" and tool_format not in PARSERS:
-            raise SchemaError(f"tool_format: expected 'auto' or one of {sorted(PARSERS)}, got {tool_format!r}")
-        self.base_url, self.model, self.tokenizer = base_url.rstrip("/"), model, tokenizer
-        self.tool_format = detect_format(getattr(tokenizer, "chat_template", None)) if tool_format == "auto" else tool_format
+        super().__init__(tokenizer, tool_format)
+        self.base_url, self.model = base_url.rstrip("/"), model
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client_args = {"timeout": httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)), "headers": headers}
         self._client = httpx.Client(**self._client_args)
@@ -83,14 +115,9 @@ class UpstreamPolicy(Policy):
         except (ValueError, KeyError, IndexError, TypeError, SchemaError) as exc:
             raise PolicyResponseError(f"the upstream at {self.base_url} answered without a chat completion's "
                                       f"shape ({type(exc).__name__}: {exc})") from None
-        content, finish = message.get("content") or "", choice.get("finish_reason")
-        out = rendered(self.tokenizer, self.tool_format, messages, tools, content,
-                       [(c.name, arguments(c.arguments)) for c in calls], 1 << 30, adapter,
-                       {"upstream": data.get("model") or self.model, "upstream_latency_s": time.perf_counter() - t0},
-                       cut=finish == "length")
-        out.action = Action(content=content, tool_calls=calls, finish_reason=finish,
-                            reasoning=message.get("reasoning_content") or message.get("reasoning") or "")
-        return out
+        return self.recorded(messages, tools, message.get("content") or "", calls, choice.get("finish_reason"), adapter,
+                             {"upstream": data.get("model") or self.model, "upstream_latency_s": time.perf_counter() - t0},
+                             reasoning=message.get("reasoning_content") or message.get("reasoning") or "")
 
     def _chat(self, messages, tools, sampling, adapter) -> PolicyOutput:
         import httpx
@@ -119,18 +146,8 @@ class UpstreamPolicy(Policy):
     def _unreachable(self, exc: Exception) -> PolicyUnavailable:
         return PolicyUnavailable(f"the upstream at {self.base_url} is unreachable ({type(exc).__name__}: {exc})")
 
-    def tokenize(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def _load(self, path: Path, version: str) -> None:
-        raise Unsupported("the upstream model is not trained here: train the student on what it recorded, and "
-                          "serve the student's adapters from a LocalPolicy or a vLLM server")
-
-    def _unload(self, version: str) -> None:
-        pass
-
     def close(self) -> None:
         self._client.close()
 
 
-__all__ = ["UpstreamPolicy", "arguments"]
+__all__ = ["Upstream", "UpstreamPolicy", "arguments"]

@@ -6,12 +6,14 @@ ranks a group's trajectories in one call and scores each in [0, 1] (as OpenPipe 
 does: comparing is easier than grading alone). Both ask for strict JSON, and a verdict that does
 not parse (not JSON, a score out of range, an id missing) is asked again, at most `retries`
 times, the error named; a judge that still fails, or times out, gives no score (None) and the
-caller leaves that episode (or group) out of training: never a silent 0.
+caller leaves that episode (or group) out of training: never a silent 0. Each failure is a
+`judge_failed` event in the store, with the episodes and why.
 
 Every verdict is recorded in the store as feedback on its episode (`key`, the score, the judge's
 reason, `source="judge:<name>"`), where `feedback_reward` combines it with the others. Verdicts
-are cached by the hash of what was judged (the rubric, the transcript), so a trajectory judged
-twice costs one call. `score_many` runs several calls at once.
+are cached by the hash of what was judged (the rubric, the transcript, which leaves out call ids),
+so equal work judged twice costs one call; a verdict that stayed malformed is cached as failed too
+(an unreachable judge is not: it is asked again next time). `score_many` runs several calls at once.
 """
 
 from __future__ import annotations
@@ -99,6 +101,18 @@ def score_of(value: Any, where: str) -> float:
     return float(value)
 
 
+# One worked exchange before the real question shows the verdict's shape: small judges (the
+# embedded 135M model) copy a shown answer's form where they ignore a described one.
+RUBRIC_EXAMPLE = [
+    {"role": "user", "content": "Rubric:\nThe reply must greet the user.\n\nThe agent's work:\nuser: hi\nassistant: Hello!"},
+    {"role": "assistant", "content": '{"score": 1, "reason": "it greets the user"}'}]
+RELATIVE_EXAMPLE = [
+    {"role": "user", "content": "Rubric:\nThe reply must greet the user.\n\nThe attempts:\n--- t0 ---\nuser: hi\n"
+                                "assistant: Go away.\n\n--- t1 ---\nuser: hi\nassistant: Hello!"},
+    {"role": "assistant", "content": '{"scores": [{"id": "t0", "score": 0, "reason": "no greeting"}, '
+                                     '{"id": "t1", "score": 1, "reason": "it greets the user"}]}'}]
+
+
 class Judge:
     """What both judges share: asking with retries, the cache, recording the verdicts."""
 
@@ -124,7 +138,11 @@ class Judge:
         the judge fails."""
         with self._lock:
             if cache_key in self.cache:
-                return self.cache[cache_key]
+                cached = self.cache[cache_key]
+                if isinstance(cached, Malformed):  # asked before and never well formed: not asked again
+                    self.failures.append(f"malformed: {cached} (cached)")
+                    return None
+                return cached
         for attempt in range(self.retries + 1):
             with self._lock:
                 self.calls += 1
@@ -135,16 +153,18 @@ class Judge:
                 messages = messages + [{"role": "assistant", "content": reply},
                                        {"role": "user", "content": f"That verdict is malformed: {exc}. Answer again, "
                                                                    "with the JSON object only."}]
-                error = f"malformed: {exc}"
+                error, malformed = f"malformed: {exc}", exc
                 continue
             except (PolicyError, ForgeBridgeError) as exc:
-                error = f"{type(exc).__name__}: {exc}"
+                error, malformed = f"{type(exc).__name__}: {exc}", None
                 break
             with self._lock:
                 self.cache[cache_key] = parsed
             return parsed
         with self._lock:
             self.failures.append(error)
+            if malformed is not None:  # the same text would be judged the same way: cached as failed
+                self.cache[cache_key] = malformed
         return None
 
     def record(self, trajectory: Trajectory, score: float, reason: str) -> None:
@@ -176,7 +196,7 @@ class RubricJudge(Judge):
         text = transcript(trajectory)
         messages = [{"role": "system", "content": "You judge an AI agent's work against a rubric. Answer with one "
                                                   'JSON object: {"score": <a number from 0 to 1>, "reason": "<why>"}.'},
-                    {"role": "user", "content": f"Rubric:\n{self.rubric}\n\nThe agent's work:\n{text}"}]
+                    *RUBRIC_EXAMPLE, {"role": "user", "content": f"Rubric:\n{self.rubric}\n\nThe agent's work:\n{text}"}]
 
         def read(reply: str) -> tuple[float, str]:
             data = parse_json(reply)
@@ -211,7 +231,7 @@ class RelativeJudge(Judge):
                                                   "and score each against a rubric, relative to the others. Answer "
                                                   'with one JSON object: {"scores": [{"id": "<id>", "score": <0 to 1>, '
                                                   '"reason": "<why>"}, ...]}, one entry per attempt.'},
-                    {"role": "user", "content": f"Rubric:\n{self.rubric}\n\nThe attempts:\n{listing}"}]
+                    *RELATIVE_EXAMPLE, {"role": "user", "content": f"Rubric:\n{self.rubric}\n\nThe attempts:\n{listing}"}]
 
         def read(reply: str) -> list[tuple[float, str]]:
             data = parse_json(reply)

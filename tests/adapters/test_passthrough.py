@@ -11,7 +11,7 @@ from langchain_openai import ChatOpenAI
 import forge_bridge as fb
 from forge_bridge.adapters.langchain import ForgeMiddleware
 from forge_bridge.core.episode import Recorder
-from forge_bridge.core.errors import InvalidArgument
+from forge_bridge.core.errors import InvalidArgument, WrongType
 from forge_bridge.core.store import TrajectoryStore
 from forge_bridge.policies.local import LocalPolicy
 from forge_bridge.serving.gateway import Gateway
@@ -104,3 +104,77 @@ def test_a_crew_on_its_own_openai_compatible_model_is_recorded_per_role(policy, 
     assert role.transitions[0].info["tool_results"][call.id]["content"] == "5"
     upstream.close()
     own_store.close()
+
+
+class AnthropicStub:
+    """An Anthropic Messages API on localhost that answers as the taught model does: a `tool_use`
+    of add(2, 3), then, once the tool's result is in, 'The answer is 5.' (what it was sent: `seen`)."""
+
+    def __init__(self) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.seen: list[dict] = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - the stdlib's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                stub.seen.append(body)
+                answered = any(isinstance(m.get("content"), list) and any(
+                    block.get("type") == "tool_result" for block in m["content"]) for m in body["messages"])
+                content = [{"type": "text", "text": "The answer is 5."}] if answered else \
+                    [{"type": "tool_use", "id": f"toolu_{len(stub.seen)}", "name": "add", "input": {"a": 2, "b": 3}}]
+                data = json.dumps({"id": f"msg_{len(stub.seen)}", "type": "message", "role": "assistant",
+                                   "model": body["model"], "content": content,
+                                   "stop_reason": "end_turn" if answered else "tool_use", "stop_sequence": None,
+                                   "usage": {"input_tokens": 10, "output_tokens": 5}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_crew_on_its_own_anthropic_model_is_recorded_as_the_local_path_would(policy, tmp_path):
+    import crew_demos
+    from crewai import LLM
+    from forge_bridge.adapters.crewai import CrewAIUpstream, ForgeLLM
+
+    recorder = Recorder(TrajectoryStore(tmp_path / "prod.db"))
+    with fb.episode("calc", recorder=recorder) as local:  # the student itself, for the reference
+        assert crew_demos.calculator_crew(ForgeLLM(policy, temperature=0, max_tokens=48)).kickoff().raw == \
+            "The answer is 5."
+    stub = AnthropicStub()
+    own = LLM(model="anthropic/claude-test", base_url=stub.url, api_key="test-key", max_tokens=48)
+    assert type(own).__module__.startswith("crewai.llms.providers.anthropic")  # CrewAI's native client, not OpenAI's
+    upstream = CrewAIUpstream(own, policy.tokenizer)
+    with fb.episode("calc", recorder=recorder, behaviour="upstream") as ep:
+        assert crew_demos.calculator_crew(ForgeLLM(upstream)).kickoff().raw == "The answer is 5."
+    stub.close()
+    assert len(stub.seen) == 2 and stub.seen[0]["tools"][0]["name"] == "add"  # the crew's tools, in Anthropic's form
+    (mine,) = [t for t in recorder.store.trajectories() if t.metadata.get("parent") == ep.id]
+    (theirs,) = [t for t in recorder.store.trajectories() if t.metadata.get("parent") == local.id]
+    assert mine.behaviour == "upstream" and theirs.behaviour == "policy" and mine.role == "calculator"
+    assert len(mine) == len(theirs) == 2
+    for a, b in zip(mine.transitions, theirs.transitions):
+        assert a.prompt_token_ids == b.prompt_token_ids and a.completion_token_ids == b.completion_token_ids
+        assert a.action.content == b.action.content
+        assert [(c.name, c.arguments) for c in a.action.tool_calls] == [(c.name, c.arguments) for c in b.action.tool_calls]
+    call = mine.transitions[0].action.tool_calls[0]
+    assert call.id == "toolu_1" and mine.transitions[0].info["tool_results"][call.id]["content"] == "5"
+    assert mine.transitions[0].info["upstream"] == "claude-test"
+    with pytest.raises(WrongType, match="the crew's own CrewAI LLM"):
+        CrewAIUpstream(ForgeLLM(policy), policy.tokenizer)

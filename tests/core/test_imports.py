@@ -71,7 +71,7 @@ PUBLIC_API = [
 
 SUBPACKAGE_APIS = {
     "forge_bridge.adapters.langchain": ["ForgeChatModel", "ForgeMiddleware", "to_ai_message", "to_openai_messages"],
-    "forge_bridge.adapters.crewai": ["ForgeLLM", "wrap_crewai"],
+    "forge_bridge.adapters.crewai": ["CrewAIUpstream", "ForgeLLM", "wrap_crewai"],
     "forge_bridge.core.errors": [
         "AdapterError", "AgentError", "ContextLengthExceeded", "EpisodeClosed", "ForgeBridgeError", "InvalidArgument",
         "InvalidState", "MissingExtra", "NotFound", "PolicyError", "PolicyResponseError", "PolicyUnavailable",

@@ -51,7 +51,9 @@ def test_a_rubric_verdict_is_scored_recorded_and_cached(store):
     judge = RubricJudge(judge_policy(['{"score": 0.9, "reason": "correct and plain"}'], seen), RUBRIC, store=store)
     good = store.get("good")
     assert judge.score(good) == 0.9
-    assert RUBRIC in seen[0][1]["content"] and "The answer is 5." in seen[0][1]["content"]
+    assert RUBRIC in seen[0][-1]["content"] and "The answer is 5." in seen[0][-1]["content"]
+    assert [m["role"] for m in seen[0]] == ["system", "user", "assistant", "user"]  # a worked example first
+    assert parse_json(seen[0][2]["content"])["score"] == 1
     assert judge.score(good) == 0.9 and judge.calls == 1  # cached by what was judged: no second call
     (event,) = store.feedback(["good"])["good"]  # recorded once
     assert (event.key, event.value, event.comment, event.source) == ("judge", 0.9, "correct and plain",
@@ -69,16 +71,18 @@ def test_a_malformed_verdict_is_asked_again_with_its_error(store):
 def test_a_judge_that_keeps_failing_gives_no_score_never_a_zero(store):
     judge = RubricJudge(judge_policy(["nope", "still nope"]), RUBRIC, store=store, retries=1)
     assert judge.score(store.get("bad")) is None and judge.calls == 2 and "malformed" in judge.failures[0]
-    down = RubricJudge(judge_policy([PolicyUnavailable("the judge timed out")]), RUBRIC, store=store)
+    assert judge.score(store.get("bad")) is None and judge.calls == 2  # stayed malformed: cached, not asked again
+    down = RubricJudge(judge_policy([PolicyUnavailable("the judge timed out"), '{"score": 0.5}']), RUBRIC, store=store)
     assert down.score(store.get("bad")) is None and down.calls == 1 and "timed out" in down.failures[0]
+    assert down.score(store.get("terse")) == 0.5  # an outage is not cached: asked again next time
     url = RubricJudge("http://127.0.0.1:9/v1", RUBRIC, store=store, timeout_s=2)
     assert url.score(store.get("bad")) is None and "unreachable" in url.failures[0]
     assert store.feedback(["bad"]) == {}  # nothing recorded, so the episode's reward stays missing
     assert feedback_reward(store.feedback(["bad"]).get("bad", [])) is None
     failed = store.events("judge_failed")  # each failed verdict is in the store, with why
-    assert [e["detail"]["episodes"] for e in failed] == [["bad"]] * 3
-    assert ["malformed" in failed[0]["detail"]["error"], "timed out" in failed[1]["detail"]["error"],
-            "unreachable" in failed[2]["detail"]["error"]] == [True] * 3
+    assert [e["detail"]["episodes"] for e in failed] == [["bad"]] * 4
+    assert [word in e["detail"]["error"] for word, e in zip(("malformed", "(cached)", "timed out", "unreachable"),
+                                                           failed)] == [True] * 4
 
 
 def test_the_transcript_leaves_out_call_ids_so_equal_work_is_judged_once(store):
@@ -96,8 +100,8 @@ def test_the_transcript_leaves_out_call_ids_so_equal_work_is_judged_once(store):
     first, second = called("call_a1"), called("call_b2")
     store.add_many([first, second])
     assert judge.score(first) == judge.score(second) == 1.0 and judge.calls == 1
-    assert "assistant:  [calls add({\"a\": 2, \"b\": 3})]\ntool: 5\nassistant: It is 5." in seen[0][1]["content"]
-    assert "call_a1" not in seen[0][1]["content"]
+    assert "assistant:  [calls add({\"a\": 2, \"b\": 3})]\ntool: 5\nassistant: It is 5." in seen[0][-1]["content"]
+    assert "call_a1" not in seen[0][-1]["content"]
     assert [e.value for e in store.feedback(["call_b2"])["call_b2"]] == [1.0]  # each episode still gets its verdict
 
 
