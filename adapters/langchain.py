@@ -45,6 +45,7 @@ from forge_bridge.core.recording import (
     StepRewards,
     ToolOutcome,
     acall_policy,
+    check_steps_of,
     arun_tool,
     bound_output,
     call_policy,
@@ -274,9 +275,7 @@ class ForgeMiddleware(AgentMiddleware):
             (m for m in getattr(response, "result", []) if isinstance(m, AIMessage)), None)
         if episode is None or reply is None:
             return response
-        if episode.trajectory.behaviour != "upstream":
-            raise InvalidArgument("ForgeMiddleware(passthrough=True) records the agent's own model, never the student's "
-                                  "samples: open the episode with fb.episode(..., behaviour='upstream')")
+        check_steps_of("upstream", "ForgeMiddleware(passthrough=True), the agent's own model,", episode)
         system = [request.system_message] if request.system_message is not None else []
         messages = to_openai_messages(system + list(request.messages))
         tools = [t if isinstance(t, dict) else convert_to_openai_tool(t) for t in request.tools or []] or None

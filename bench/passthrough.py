@@ -5,7 +5,9 @@ and the step written to SQLite), side by side, interleaved call by call.
 The upstream is a stub OpenAI server answering at once with a fixed tool call or a fixed answer
 (no model time), so the difference is the pass-through's own cost: the extra HTTP hop on
 localhost, the chat template and tokenizer of the student (the embedded SmolLM2-135M's), and the
-store write. Each episode is the agent's two calls (a tool call, then the answer).
+store write. Each episode is the agent's two calls (a tool call, then the answer). The agent (this
+process), the gateway (`forge-bridge gateway --upstream`, with a token) and the stub each run in a
+process of their own, as they do in production: in one process their threads would share one GIL.
 
     .venv/bin/python bench/passthrough.py [--episodes 200]
 
@@ -15,12 +17,17 @@ What it does not cover: a remote upstream (its network time is the same on both 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
+
+from forge_bridge.core.store import TrajectoryStore
 
 ASK = [{"role": "user", "content": "What is 2 plus 3?"}]
 ADD = {"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
@@ -59,37 +66,62 @@ def episode(client: httpx.Client, base: str) -> list[float]:
     return out
 
 
+def serve_stub(port: int) -> None:
+    """The stub upstream in this process (`--serve-stub PORT`: the bench starts it in its own)."""
+    import uvicorn
+
+    uvicorn.run(stub_app(), host="127.0.0.1", port=port, log_level="warning")
+
+
+def ready(url: str, proc: subprocess.Popen, headers: dict | None = None) -> None:
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise SystemExit(f"{url}: the server exited with {proc.returncode}")
+        try:
+            if httpx.get(url, headers=headers, timeout=1).status_code < 500:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"{url}: not ready after 60 s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=200)
+    ap.add_argument("--serve-stub", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve_stub:
+        return serve_stub(args.serve_stub)
 
-    from forge_bridge.core.episode import Recorder
-    from forge_bridge.core.store import TrajectoryStore
-    from forge_bridge.policies import models
-    from forge_bridge.policies.upstream import UpstreamPolicy
-    from forge_bridge.serving.background import BackgroundServer
-    from forge_bridge.serving.gateway import Gateway
+    from forge_bridge.policies.vllm_server import free_port
 
-    stub = BackgroundServer(stub_app(), name="stub-upstream")
-    stub.start()
-    upstream = f"http://127.0.0.1:{stub.port}/v1"
-    tokenizer = models.load_tokenizer("smollm2-135m-instruct")
+    stub_port, gateway_port, token = free_port(), free_port(), "bench-token"
+    upstream = f"http://127.0.0.1:{stub_port}/v1"
+    gateway = f"http://127.0.0.1:{gateway_port}"
     with tempfile.TemporaryDirectory() as tmp:
-        store = TrajectoryStore(Path(tmp) / "t.db")
-        policy = UpstreamPolicy(upstream, tokenizer)
-        with Gateway(policy, Recorder(store)) as gw, httpx.Client(timeout=30) as client:
-            for k in range(5):  # warm both paths up (connections, the tokenizer's caches)
-                episode(client, upstream), episode(client, gw.episode_url(f"warm-{k}"))
-            direct, through = [], []
-            for k in range(args.episodes):
-                direct += episode(client, upstream)
-                through += episode(client, gw.episode_url(f"ep-{k}"))
-                client.post(f"{gw.address}/episodes/ep-{k}/finish", json={})
+        stub = subprocess.Popen([sys.executable, __file__, "--serve-stub", str(stub_port)])
+        spy = os.environ.get("BENCH_PROFILE_GATEWAY")  # e.g. "py-spy record -o gateway.svg --": a profiler's command
+        served = subprocess.Popen([*(spy.split() if spy else []), sys.executable, "-m", "forge_bridge.app.cli", "gateway", "--upstream", upstream,
+                                   "--model", "smollm2-135m-instruct", "--store", str(Path(tmp) / "t.db"),
+                                   "--port", str(gateway_port), "--token", token], stdout=subprocess.DEVNULL)
+        try:
+            ready(upstream.removesuffix("/v1") + "/health", stub)
+            ready(gateway + "/health", served, {"Authorization": f"Bearer {token}"})
+            with httpx.Client(timeout=30, headers={"Authorization": f"Bearer {token}"}) as client:
+                for k in range(5):  # warm both paths up (connections, the tokenizer's caches)
+                    episode(client, upstream), episode(client, f"{gateway}/episodes/warm-{k}/v1")
+                direct, through = [], []
+                for k in range(args.episodes):
+                    direct += episode(client, upstream)
+                    through += episode(client, f"{gateway}/episodes/ep-{k}/v1")
+                    client.post(f"{gateway}/episodes/ep-{k}/finish", json={})
+        finally:
+            for proc in (served, stub):
+                proc.terminate()
+                proc.wait(timeout=30)
+        with TrajectoryStore(Path(tmp) / "t.db", readonly=True) as store:
             recorded = store.count(status="complete")
-        store.close()
-        policy.close()
-    stub.stop()
 
     def pct(xs: list[float], q: float) -> float:
         return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))]

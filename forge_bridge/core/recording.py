@@ -186,11 +186,15 @@ def check_behaviour(policy: Policy, episode: Episode | None) -> None:
     """An upstream model's replies (`UpstreamPolicy`) go only into episodes opened as the
     upstream's, and the student's own samples never into those: a step must never pass for
     someone else's behaviour (the trainer imitates the one and reinforces the other)."""
-    theirs = policy.behaviour
+    check_steps_of(policy.behaviour, f"a {type(policy).__name__}", episode)
+
+
+def check_steps_of(theirs: str | None, who: str, episode: Episode | None) -> None:
+    """`check_behaviour` for a front end that records `theirs` steps itself (`who` records them)."""
     if theirs is None:  # a script: its replies stand for whoever the episode says (a demonstration's, say)
         return
     if episode is not None and (theirs == "upstream") != (episode.trajectory.behaviour == "upstream"):
-        raise InvalidArgument(f"a {type(policy).__name__} records {theirs!r} steps, but episode {episode.id} was opened "
+        raise InvalidArgument(f"{who} records {theirs!r} steps, but episode {episode.id} was opened "
                               f"as {episode.trajectory.behaviour!r}: open it with fb.episode(..., behaviour="
                               f"{theirs!r})")
 
@@ -300,4 +304,5 @@ def record_tool_result(episode: Episode | None, call_id: str, name: str, *, cont
 
 __all__ = ["DEFAULT_MAX_MODEL_CALLS", "DEFAULT_MAX_TOOL_OUTPUT_CHARS", "DEFAULT_TOOL_TIMEOUT_S",
            "Limits", "StepRewards", "ToolOutcome", "give_step_reward", "acall_policy", "arun_tool", "bound_output", "call_policy",
+           "check_behaviour", "check_steps_of",
            "over_step_limit", "record_call", "record_outage", "record_tool_result", "run_tool", "transition_of"]

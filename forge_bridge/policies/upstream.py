@@ -116,7 +116,8 @@ class UpstreamPolicy(Upstream):
             raise PolicyResponseError(f"the upstream at {self.base_url} answered without a chat completion's "
                                       f"shape ({type(exc).__name__}: {exc})") from None
         return self.recorded(messages, tools, message.get("content") or "", calls, choice.get("finish_reason"), adapter,
-                             {"upstream": data.get("model") or self.model, "upstream_latency_s": time.perf_counter() - t0},
+                             {"upstream": data.get("model") or self.model, "upstream_latency_s": time.perf_counter() - t0,
+                              "upstream_usage": data.get("usage")},
                              reasoning=message.get("reasoning_content") or message.get("reasoning") or "")
 
     def _chat(self, messages, tools, sampling, adapter) -> PolicyOutput:

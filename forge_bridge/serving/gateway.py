@@ -207,6 +207,13 @@ class Gateway:
     def _completion(self, body: dict, out: PolicyOutput | None) -> dict:
         if out is None:  # a limit ended the episode: an empty final answer ends the agent's loop
             out = PolicyOutput(Action(content="", finish_reason="stop"), [], [], [], None)
+        if self.behaviour == "upstream":  # the upstream's reply as it gave it: the student's tokens are the store's
+            completion = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                          "model": out.info.get("upstream") or body.get("model") or self.model_name,
+                          "choices": [{"index": 0, "message": out.message, "finish_reason": out.finish_reason}]}
+            if out.info.get("upstream_usage"):
+                completion["usage"] = out.info["upstream_usage"]
+            return completion
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
             "created": int(time.time()), "model": body.get("model") or self.model_name,
@@ -226,19 +233,18 @@ class Gateway:
         choice = completion["choices"][0]
         base = {k: completion[k] for k in ("id", "created", "model")}
         base["object"] = "chat.completion.chunk"
-        first = {**base, "prompt_token_ids": completion["prompt_token_ids"],
+        tokens = {k: choice[k] for k in ("token_ids", "logprobs") if k in choice}  # none from an upstream
+        first = {**base, **{k: completion[k] for k in ("prompt_token_ids",) if k in completion},
                  "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                               "finish_reason": None}]}
         body = {**base, "choices": [{"index": 0, "delta": {"content": choice["message"]["content"]},
-                                     "token_ids": choice["token_ids"], "logprobs": choice["logprobs"],
-                                     "finish_reason": None}]}
+                                     **tokens, "finish_reason": None}]}
         last_delta: dict[str, Any] = {}
         if choice["message"].get("tool_calls"):
             last_delta["tool_calls"] = [{**tc, "index": i}
                                         for i, tc in enumerate(choice["message"]["tool_calls"])]
-        last = {**base, "choices": [{"index": 0, "delta": last_delta,
-                                     "finish_reason": choice["finish_reason"]}],
-                "usage": completion["usage"]}
+        last = {**base, "choices": [{"index": 0, "delta": last_delta, "finish_reason": choice["finish_reason"]}],
+                **{k: completion[k] for k in ("usage",) if k in completion}}
         return [first, body, last]
 
     # ------------------------------------------------------------------ HTTP plumbing

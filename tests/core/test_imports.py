@@ -78,7 +78,7 @@ SUBPACKAGE_APIS = {
         "RunExistsError", "SandboxUnavailable", "SchemaError", "StoreError", "Unsupported", "WrongType"],
     "forge_bridge.core.recording": [
         "DEFAULT_MAX_MODEL_CALLS", "DEFAULT_MAX_TOOL_OUTPUT_CHARS", "DEFAULT_TOOL_TIMEOUT_S", "Limits",
-        "StepRewards", "ToolOutcome", "acall_policy", "give_step_reward", "arun_tool", "bound_output", "call_policy", "over_step_limit",
+        "StepRewards", "ToolOutcome", "acall_policy", "give_step_reward", "arun_tool", "bound_output", "call_policy", "check_behaviour", "check_steps_of", "over_step_limit",
         "record_call", "record_outage", "record_tool_result", "run_tool", "transition_of"],
     "forge_bridge.rewards.feedback": ["Combine", "feedback", "feedback_reward", "latest_by_key", "mean"],
     "forge_bridge.rewards.judges": ["Ask", "Judge", "Malformed", "RelativeJudge", "RubricJudge", "asker", "parse_json",

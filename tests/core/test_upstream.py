@@ -61,6 +61,9 @@ def test_passthrough_records_what_the_local_path_records_token_for_token(upstrea
     theirs = sorted((t for t in own_store.trajectories() if t.id not in before), key=lambda t: t.id)
     assert len(theirs) == 2 and all(t.behaviour == "policy" for t in theirs)
     theirs = sorted((t.transitions[0] for t in theirs), key=lambda s: len(s.prompt_token_ids))
+    # the agent got the upstream's reply as it gave it: its usage, none of the student's token ids
+    assert "prompt_token_ids" not in (first.model_extra or {}) and "token_ids" not in (first.choices[0].model_extra or {})
+    assert first.usage.prompt_tokens == len(theirs[0].prompt_token_ids)
     for mine, local in zip(recorded.transitions, theirs):
         assert mine.prompt_token_ids == local.prompt_token_ids
         assert mine.completion_token_ids == local.completion_token_ids
