@@ -292,6 +292,10 @@ class SFTConfig:
         _check(isinstance(self.publish, bool), "publish", "a bool", self.publish)
 
 
+WHERE_KEYS = frozenset({"task_id", "group_id", "adapter"})
+"""The store filters `OfflineConfig.where` takes (`TrajectoryStore.iter`'s)."""
+
+
 @dataclass(frozen=True)
 class OfflineConfig:
     """Training from the store (`train_offline`): which episodes, and how each kind is learned from."""
@@ -300,6 +304,8 @@ class OfflineConfig:
     """Only episodes recorded at or after this unix time (None: all)."""
     run_id: str | None = None
     """Only episodes of this run id (None: every run in the store)."""
+    where: dict[str, str] | None = None
+    """More store filters every episode must match: `task_id`, `group_id`, `adapter` (the version that served it)."""
     threshold: float = 1.0
     """An episode whose reward is at least this is a good one: its steps are imitated."""
     imitate: bool = True
@@ -314,6 +320,9 @@ class OfflineConfig:
     def __post_init__(self) -> None:
         _check(self.since is None or _number(self.since), "since", "None or a unix time", self.since)
         _check(self.run_id is None or isinstance(self.run_id, str), "run_id", "None or a run id", self.run_id)
+        _check(self.where is None or (isinstance(self.where, dict) and set(self.where) <= WHERE_KEYS
+                                      and all(isinstance(v, str) for v in self.where.values())),
+               "where", f"None or a dict of store filters ({', '.join(sorted(WHERE_KEYS))}) to strings", self.where)
         _check(_number(self.threshold) and math.isfinite(self.threshold), "threshold", "a finite number", self.threshold)
         for name in ("imitate", "reinforce", "publish"):
             _check(isinstance(getattr(self, name), bool), name, "a bool", getattr(self, name))

@@ -70,7 +70,7 @@ def train_offline(trainer: "GRPOTrainer", store: TrajectoryStore, config: Offlin
     if not isinstance(store, TrajectoryStore):
         raise WrongType(f"store: expected a TrajectoryStore, got {type(store).__name__}")
     distributed.check_local(trainer, "train_offline")
-    episodes = [t for t in store.iter(run_id=config.run_id, since=config.since)
+    episodes = [t for t in store.iter(run_id=config.run_id, since=config.since, **(config.where or {}))
                 if t.end_reason in TRAINABLE_ENDS and not t.excluded and t.transitions]
     rewards = rewards_of(store, episodes, combine, judge)
     scored = [(t, r) for t, r in zip(episodes, rewards) if r is not None]

@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--since", help="with --from-store: only episodes recorded since this date (ISO, e.g. 2026-12-01) "
                    "or unix time")
     p.add_argument("--store-run", help="with --from-store: only episodes of this run id")
+    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --from-store: only episodes with this task_id, group_id or adapter (the version that "
+                        "served them); repeat for more")
     p.add_argument("--threshold", type=float, default=1.0,
                    help="with --from-store: the reward from which an episode is imitated (default: 1)")
     p.add_argument("--nproc", type=int, default=1, help="processes the update is spread over, one per device "

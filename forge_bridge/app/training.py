@@ -101,13 +101,16 @@ def train_from_store(args: argparse.Namespace) -> int:
                     tzinfo=datetime.timezone.utc).timestamp()
             except ValueError:
                 raise InvalidArgument(f"--since: expected an ISO date or a unix time, got {args.since!r}") from None
+    where = dict(item.split("=", 1) for item in args.where if "=" in item)
+    if len(where) != len(args.where):
+        raise InvalidArgument(f"--where: expected KEY=VALUE each, got {args.where}")
+    offline = fb.OfflineConfig(since=since, run_id=args.store_run, where=where or None, threshold=args.threshold)
     config = fb.GRPOConfig(**config_kwargs(args, TRAIN_FLAGS))
     policy = fb.LocalPolicy(args.model, device=config.device, tool_format=args.tool_format or "auto")
     trainer = fb.GRPOTrainer(policy, config, model=args.model)
     try:
         with fb.TrajectoryStore(args.from_store, readonly=True) as store:
-            metrics = trainer.train_offline(store, fb.OfflineConfig(since=since, run_id=args.store_run,
-                                                                    threshold=args.threshold))
+            metrics = trainer.train_offline(store, offline)
     finally:
         trainer.close()
         policy.close()

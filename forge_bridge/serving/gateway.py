@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forge_bridge.core.episode import Episode, Recorder
 from forge_bridge.core.errors import (
@@ -39,6 +39,9 @@ from forge_bridge.policies.base import DEFAULT_SLOT, Policy, PolicyOutput
 from forge_bridge.serving.background import BackgroundServer
 from forge_bridge.serving.http_api import MAX_BODY, build_app, check_request
 
+if TYPE_CHECKING:
+    from forge_bridge.serving.promotion import Shadow
+
 MAX_ENDED_IDS = 100_000  # ended episode ids remembered (late calls to them get 409)
 
 
@@ -48,11 +51,14 @@ class Gateway:
     def __init__(self, policy: Policy, recorder: Recorder | None = None, *, host: str = "127.0.0.1",
                  port: int = 0, token: str | None = None, model_name: str = "forge",
                  max_model_calls: int | None = DEFAULT_MAX_MODEL_CALLS, max_body_bytes: int = MAX_BODY,
-                 step_rewards: StepRewards | None = None) -> None:
+                 step_rewards: StepRewards | None = None, shadow: "Shadow | None" = None) -> None:
         """`max_model_calls` (default 25; None: no limit): model calls one episode may make;
         past it the agent gets an empty final answer and the episode is marked truncated.
         `max_body_bytes`: larger requests are refused with 413. `step_rewards` (default off):
-        rewards for malformed and repeated calls (the agent runs its tools out of our sight)."""
+        rewards for malformed and repeated calls (the agent runs its tools out of our sight).
+        `shadow`: the gate's shadow run, whose candidate answers a share of the requests too
+        (`forge_bridge.serving.promotion.Shadow`)."""
+        self.shadow = shadow
         self.limits = Limits(max_model_calls=max_model_calls)
         self.step_rewards = step_rewards
         self.policy = policy
@@ -202,6 +208,8 @@ class Gateway:
             raise
         if episode_id is None:
             ep.finish()
+        if self.shadow is not None and out is not None:
+            self.shadow.offer(self.policy, messages, tools, out, sampling)
         return self._completion(body, out)
 
     def _completion(self, body: dict, out: PolicyOutput | None) -> dict:

@@ -14,20 +14,27 @@ one whose live scores fall is rolled back, by itself.
   version (instant: it is still loaded).
 Every promotion, refusal and rollback is recorded in the store (`store.events()`), with the
 scores that decided it.
+
+`evaluate` is a held-out suite (`slot -> score`), or a `Shadow`: live requests answered by the
+candidate too, judged side by side with what the users were served.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
+import random
 import threading
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from forge_bridge.core.errors import InvalidArgument, WrongType
+from forge_bridge.core.actions import Observation
+from forge_bridge.core.errors import InvalidArgument, InvalidState, WrongType
 from forge_bridge.core.store import TrajectoryStore
-from forge_bridge.policies.base import DEFAULT_SLOT, Policy
+from forge_bridge.core.types import Trajectory, Transition
+from forge_bridge.policies.base import DEFAULT_SLOT, Policy, PolicyOutput
 
 CANDIDATE = "candidate"
 """The slot a candidate is tried in: no user request is served from it."""
@@ -144,4 +151,84 @@ class Promotion:
             self.store.add_event(kind, version=version, slot=self.slot, detail=detail)
 
 
-__all__ = ["CANDIDATE", "SERVING", "Gate", "Promotion", "Scores"]
+class Shadow:
+    """A shadow run as the gate's `evaluate`: `Promotion(policy, Shadow(judge), gate)`, and
+    `Gateway(policy, recorder, shadow=that Shadow)`.
+
+    While `consider` waits on `evaluate("candidate")`, `share` of the live requests the gateway
+    serves are answered by the candidate too, in the background: the user gets the serving
+    version's answer, unchanged and unslowed; the candidate's is recorded nowhere and shown to no
+    one. `judge` (a `RelativeJudge`, with no store: the pair is not an episode) compares the two
+    replies to the same messages side by side, in a random order. After `requests` judged pairs,
+    the candidate's mean score is its result, and the serving version's mean over the same pairs
+    is `evaluate(serving slot)`'s. No verdict within `timeout_s` (too little traffic, a failing
+    candidate or judge) raises `InvalidState`: `consider` drops the candidate, unserved.
+    """
+
+    def __init__(self, judge, *, share: float = 0.1, requests: int = 20, timeout_s: float = 3600.0,
+                 slot: str = DEFAULT_SLOT, seed: int = 0) -> None:
+        """`slot`: the slot whose users' requests are mirrored (the one `Promotion` guards)."""
+        if not callable(getattr(judge, "scores", None)):
+            raise WrongType("judge: expected a RelativeJudge (scores(trajectories) -> a score for each, or None)")
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise InvalidArgument(f"share: expected a number in (0, 1], got {share!r}")
+        if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
+            raise InvalidArgument(f"requests: expected an int >= 1, got {requests!r}")
+        self.judge, self.share, self.requests, self.timeout_s = judge, float(share), requests, float(timeout_s)
+        self.slot = slot
+        self.rng = random.Random(seed)
+        self.pairs: list[tuple[float, float]] = []
+        """The open (or last) run's judged pairs: (serving score, candidate score)."""
+        self.failures = 0
+        """Mirrored requests with no verdict (the candidate or the judge failed): never the user's concern."""
+        self._open = False
+        self._done = threading.Condition()
+        self._tasks: set = set()
+
+    def __call__(self, slot: str) -> float:
+        if slot != CANDIDATE:  # the serving version, over the pairs of the run just ended
+            if len(self.pairs) < self.requests:
+                raise InvalidState("Shadow: no shadow run has ended: the candidate is evaluated first")
+            return sum(s for s, _ in self.pairs) / len(self.pairs)
+        with self._done:
+            self.pairs, self._open = [], True
+            ended = self._done.wait_for(lambda: len(self.pairs) >= self.requests, timeout=self.timeout_s)
+            self._open = False
+        if not ended:
+            raise InvalidState(f"Shadow: {len(self.pairs)} of {self.requests} live requests judged within "
+                               f"{self.timeout_s:g} s ({self.failures} without a verdict): no verdict")
+        return sum(c for _, c in self.pairs) / len(self.pairs)
+
+    def offer(self, policy: Policy, messages: list, tools: list | None, served: PolicyOutput, sampling: dict) -> None:
+        """The gateway's hook, in its event loop, after a user's request was answered by `served`."""
+        if self._open and served.slot == self.slot and self.rng.random() < self.share:
+            task = asyncio.get_running_loop().create_task(self._mirror(policy, messages, tools, served, sampling))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _mirror(self, policy: Policy, messages: list, tools: list | None, served: PolicyOutput,
+                      sampling: dict) -> None:
+        try:
+            candidate = await policy.achat(messages, tools, slot=CANDIDATE, **sampling)
+            flip = self.rng.random() < 0.5  # the judge sees them in a random order
+            pair = [reply(messages, tools, out, k) for k, out in enumerate((served, candidate))]
+            scores = await asyncio.to_thread(self.judge.scores, pair[::-1] if flip else pair)
+        except Exception:  # noqa: BLE001 - a mirrored request never fails the user's
+            scores = None
+        with self._done:
+            if scores is None:
+                self.failures += 1
+            elif self._open:
+                self.pairs.append(tuple(scores[::-1]) if flip else tuple(scores))
+                self._done.notify_all()
+
+
+def reply(messages: list, tools: list | None, out: PolicyOutput, k: int) -> Trajectory:
+    """One reply to `messages` as a one-step trajectory, for a judge to read (stored nowhere)."""
+    return Trajectory(id=f"shadow-{k}", task_id="shadow", end_reason="terminated", transitions=[Transition(
+        observation=Observation(messages=messages, tools=tools), action=out.action,
+        prompt_token_ids=out.prompt_token_ids, completion_token_ids=out.completion_token_ids,
+        completion_logprobs=out.completion_logprobs)])
+
+
+__all__ = ["CANDIDATE", "SERVING", "Gate", "Promotion", "Scores", "Shadow"]

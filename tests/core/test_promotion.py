@@ -92,3 +92,56 @@ def test_a_check_that_fails_leaves_the_candidate_unserved(taught_model_dir, adap
         Promotion(policy, broken).consider(adapter_dirs["v1"], "cand-1")
     assert policy.current() is None and policy.current(CANDIDATE) is None
     policy.close()
+
+
+def test_a_shadow_run_judges_the_candidate_on_live_requests_the_users_never_see(taught_model_dir, adapter_dirs,
+                                                                                tmp_path):
+    import json
+    import re
+
+    from forge_bridge.core.errors import InvalidState
+    from forge_bridge.policies import models
+    from forge_bridge.policies.scripted import ScriptedPolicy
+    from forge_bridge.rewards.judges import RelativeJudge
+    from forge_bridge.serving.promotion import Shadow
+
+    def grade(messages, tools):  # a judge that grades each attempt by its last line, as GRADES does
+        attempts = re.split(r"--- (t\d) ---\n", messages[-1]["content"])[1:]
+        return json.dumps({"scores": [{"id": i, "score": GRADES.get(text.strip().splitlines()[-1].removeprefix(
+            "assistant: ").strip(), 0.5)} for i, text in zip(attempts[::2], attempts[1::2])]})
+
+    policy = LocalPolicy(str(taught_model_dir))
+    store = TrajectoryStore(tmp_path / "t.db")
+    shadow = Shadow(RelativeJudge(ScriptedPolicy(grade, models.tiny()[1]), "The answer wanted is 'Version one.'"),
+                    share=1.0, requests=4, timeout_s=120)
+    promotion = Promotion(policy, shadow, Gate(margin=0.0, window=5, drop=0.3), store=store)
+    statuses, stop = [], threading.Event()
+    with Gateway(policy, Recorder(store), shadow=shadow) as gw:
+        def traffic() -> None:
+            with httpx.Client(timeout=60) as client:
+                while not stop.is_set():
+                    r = client.post(gw.base_url + "/chat/completions", json={
+                        "messages": testing.ASK, "tools": [testing.ADD_TOOL], "max_tokens": 32, "temperature": 0})
+                    statuses.append(r.status_code)
+
+        user = threading.Thread(target=traffic)
+        user.start()
+        assert promotion.consider(adapter_dirs["v2"], "worse") is False  # judged on live requests, refused
+        assert policy.current() is None and policy.current(CANDIDATE) is None
+        assert promotion.consider(adapter_dirs["v1"], "better") is True
+        stop.set()
+        user.join()
+    assert statuses and set(statuses) == {200}
+    served = [s.adapter for t in store.trajectories() for s in t.transitions]
+    assert "worse" not in served  # the candidate's shadow answers reached no user and no episode
+    refused, promoted = store.events()
+    assert (refused["kind"], refused["detail"]["candidate"], refused["detail"]["serving"]) == ("refused", 0.0, 0.5)
+    assert (promoted["kind"], promoted["detail"]["candidate"], promoted["detail"]["serving"]) == ("promoted", 1.0, 0.5)
+    quiet = Promotion(policy, Shadow(shadow.judge, requests=2, timeout_s=0.5), store=store)
+    with pytest.raises(InvalidState, match="0 of 2 live requests judged"):  # no traffic, no verdict
+        quiet.consider(adapter_dirs["v2"], "worse-again")
+    assert policy.current() == "better" and policy.current(CANDIDATE) is None
+    with pytest.raises(InvalidArgument, match="share"):
+        Shadow(shadow.judge, share=0)
+    store.close()
+    policy.close()

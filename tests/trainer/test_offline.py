@@ -107,6 +107,10 @@ def test_nothing_to_learn_from_is_a_clear_error(choice_dir, tmp_path):
         trainer.train_offline(store, fb.OfflineConfig(imitate=False))  # only the upstream's: nothing to reinforce
     with pytest.raises(InvalidArgument, match="0 episodes"):
         trainer.train_offline(store, fb.OfflineConfig(since=2e9))
+    with pytest.raises(InvalidArgument, match="0 episodes"):  # no episode of that task
+        trainer.train_offline(store, fb.OfflineConfig(where={"task_id": "another-task"}))
+    with pytest.raises(InvalidArgument, match="where"):
+        fb.OfflineConfig(where={"role": "writer"})
     assert trainer.iteration == 0 and policy.current() is None  # nothing published
     store.close()
     trainer.close()
@@ -129,13 +133,16 @@ def test_the_command_line_learns_from_a_store(choice_dir, tmp_path, capsys):
         production_store(tmp_path / "prod.db", policy.tokenizer).close()
     out = tmp_path / "run"
     assert main(["train", "--from-store", str(tmp_path / "prod.db"), "--model", choice_dir, "--since", "2020-01-01",
-                 "--out", str(out), "--run-name", "prod", "--lora-rank", "8"]) == 0
+                 "--where", "task_id=add-2-3", "--out", str(out), "--run-name", "prod", "--lora-rank", "8"]) == 0
     said = capsys.readouterr().out
     assert "24 episodes, 3 without a reward (left out), 11 imitated" in said and "published prod-v1" in said
     assert (out / "adapters" / "prod-v1" / "adapter_model.safetensors").is_file()
     assert main(["train", "--from-store", str(tmp_path / "prod.db"), "--model", choice_dir, "--since", "soon",
                  "--out", str(tmp_path / "run2")]) == 1
     assert "--since: expected an ISO date" in capsys.readouterr().err
+    assert main(["train", "--from-store", str(tmp_path / "prod.db"), "--model", choice_dir, "--where", "task_id",
+                 "--out", str(tmp_path / "run2")]) == 1
+    assert "--where: expected KEY=VALUE" in capsys.readouterr().err
     assert main(["train", "--model", choice_dir, "--out", str(tmp_path / "run3")]) == 2  # neither an agent nor a store
 
 
