@@ -223,7 +223,6 @@ def wrap_crewai(obj: Any, policy: Policy) -> Any:
     raise WrongType(f"wrap() accepts a CrewAI Agent, Crew or LLM; got {type(obj).__name__}")
 
 
-
 class CrewAIUpstream(Upstream):
     """A crew's own CrewAI LLM as an upstream: record-only mode for any provider CrewAI speaks
     (its native Anthropic, Gemini, Bedrock, Azure clients, OpenAI, or LiteLLM's). Give it to
