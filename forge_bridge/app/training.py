@@ -101,9 +101,11 @@ def train_from_store(args: argparse.Namespace) -> int:
                     tzinfo=datetime.timezone.utc).timestamp()
             except ValueError:
                 raise InvalidArgument(f"--since: expected an ISO date or a unix time, got {args.since!r}") from None
-    where = dict(item.split("=", 1) for item in args.where if "=" in item)
-    if len(where) != len(args.where):
+    if any("=" not in item for item in args.where):
         raise InvalidArgument(f"--where: expected KEY=VALUE each, got {args.where}")
+    where = dict(item.split("=", 1) for item in args.where)
+    if len(where) != len(args.where):
+        raise InvalidArgument(f"--where: a key given twice in {args.where} (an episode has one value of each)")
     offline = fb.OfflineConfig(since=since, run_id=args.store_run, where=where or None, threshold=args.threshold)
     config = fb.GRPOConfig(**config_kwargs(args, TRAIN_FLAGS))
     policy = fb.LocalPolicy(args.model, device=config.device, tool_format=args.tool_format or "auto")
