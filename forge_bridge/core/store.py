@@ -295,14 +295,23 @@ class TrajectoryStore(StoreViews):
             (time.time(), kind, slot, version, json.dumps(detail or {}, allow_nan=False)))])
         return row[0]
 
-    def events(self, kind: str | None = None) -> list[dict]:
-        """The serving events, oldest first: {seq, at, kind, slot, version, detail}."""
+    def events(self, kind: str | None = None, *, episode: str | None = None) -> list[dict]:
+        """The serving events, oldest first: {seq, at, kind, slot, version, detail}; of one kind,
+        and (`episode`) only those whose detail names that episode (a judge's failure, say)."""
         if not self._has_events:
             return []
+        where, args = [], []
+        if kind:
+            where, args = ["kind = ?"], [kind]
+        if episode is not None:  # its id as the detail's JSON writes it, LIKE's wildcards escaped
+            quoted = json.dumps(episode).replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            where.append("detail LIKE ? ESCAPE '\\'")
+            args.append(f"%{quoted}%")
         rows = self._query("SELECT seq, at, kind, slot, version, detail FROM events"
-                           + (" WHERE kind = ?" if kind else "") + " ORDER BY seq", (kind,) if kind else ())
+                           + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY seq", args)
+        exact = json.dumps(episode) if episode is not None else ""  # LIKE ignores ASCII case: this does not
         return [{"seq": s, "at": at, "kind": k, "slot": slot, "version": v, "detail": json.loads(d)}
-                for s, at, k, slot, v, d in rows]
+                for s, at, k, slot, v, d in rows if exact in d]
 
     def _query(self, sql: str, args: tuple | list = ()) -> list[tuple]:
         with self._lock:

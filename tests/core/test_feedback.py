@@ -152,3 +152,14 @@ def test_feedback_for_10000_episodes_from_32_threads_while_a_reader_scans(tmp_pa
     assert len(stored) == 10_000 and all(len(events) == 1 for events in stored.values())
     assert sorted(e.seq for events in stored.values() for e in events) == list(range(1, 10_001))
     assert len(scans) >= 2 and scans == sorted(scans)  # the reader saw it grow, never shrink
+
+
+def test_events_naming_an_episode_are_found_by_its_exact_id(tmp_path):
+    with TrajectoryStore(tmp_path / "t.db") as store:
+        for ids in (["ep_1"], ["EP_1", "ep-2"], ["ep%1"], ["ep_1", "ep-3"]):
+            store.add_event("judge_failed", detail={"episodes": ids, "error": "x"})
+        store.add_event("promoted", version="v1", detail={"episodes": ["ep_1"]})
+        assert [e["detail"]["episodes"] for e in store.events("judge_failed", episode="ep_1")] == [
+            ["ep_1"], ["ep_1", "ep-3"]]  # not EP_1 (LIKE ignores case), not ep%1 (a wildcard)
+        assert [e["kind"] for e in store.events(episode="ep_1")] == ["judge_failed", "judge_failed", "promoted"]
+        assert store.events("judge_failed", episode="ep") == []

@@ -54,6 +54,8 @@ def run_folder(tmp_path):
         store.add_feedback(Feedback(ids[0], 0.0, key="user", comment="<b>wrong</b> city"))
         store.add_feedback(Feedback(ids[0], 0.8, key="judge", comment="close", source="judge:qwen"))
         store.add_event("promoted", version="demo-v1", slot="default", detail={"candidate": 0.9, "serving": 0.5})
+        store.add_event("judge_failed", detail={"episodes": [ids[2]], "judge": "tiny", "key": "judge",
+                                                "error": "malformed: not JSON"})
     return folder, ids
 
 
@@ -107,9 +109,12 @@ def test_the_pages_render_and_bad_queries_are_clear(run_folder):
         assert "data-advantage='0.5'" in page and "56032" in page
         assert "feedback (2)" in page and "&lt;b&gt;wrong&lt;/b&gt; city" in page and "judge:qwen" in page
         assert "id='feedback'" not in get(f"/trajectory/{ids[1]}")  # no feedback, no table
+        failed = get(f"/trajectory/{ids[2]}")  # a judge's failure, beside the trajectory it concerns
+        assert "feedback (0, 1 judge failures)" in failed and "malformed: not JSON" in failed and "judge:tiny" in failed
         assert page.count("data-trained='1'") == 4 and "class='tok obs' data-trained='0'" in page
         front = get("/")
         assert "id='events'" in front and "promoted" in front and "class=\"mark\"" in front  # on the curves too
+        assert "judge_failed" not in front  # not a serving event
         assert "<polyline" in get("/") and "id='divergence'>The rollouts first differ at step 1" in get("/group/g1")
         for path, status, text in [("/trajectory/nope", 404, "no trajectory 'nope'"),
                                    ("/trajectories?sort=evil", 400, "sort: expected one of"),

@@ -75,7 +75,7 @@ def index(view: RunView) -> str:
             f"<h2>Runs in the store</h2><table><tr><th>run</th><th>trajectories</th><th>complete</th>"
             f"<th>mean reward</th></tr>{rows}</table>"]
     metrics = view.metrics()
-    events = view.store.events()
+    events = [e for e in view.store.events() if e["kind"] != "judge_failed"]  # those: on their trajectories' pages
     marks = [(float(m.group(1)), f"{e['kind']} {e['version']}") for e in events
              if (m := re.search(r"-v(\d+)$", e["version"] or ""))]
     charts = [line_chart(title, {key: [(m["iteration"], float(m[key])) for m in metrics
@@ -262,13 +262,18 @@ def trajectory(view: RunView, trajectory_id: str, colouring: str = "logprob") ->
 def feedback_table(view: RunView, trajectory_id: str) -> str:
     """The feedback on the episode, in arrival order: users', reviewers', judges' (with their reasons)."""
     events = view.store.feedback([trajectory_id]).get(trajectory_id, [])
-    if not events:
+    failed = view.store.events("judge_failed", episode=trajectory_id)
+    if not events and not failed:
         return ""
     rows = "".join(f"<tr><td>{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(e.at))}</td><td>{html.escape(e.key)}</td>"
                    f"<td class='value'>{fmt(e.value)}</td><td>{html.escape(e.source or '')}</td>"
                    f"<td>{'' if e.step is None else e.step}</td><td>{html.escape(e.comment or '')}</td></tr>" for e in events)
-    return (f"<h2>feedback ({len(events)})</h2><table id='feedback'><tr><th>at (UTC)</th><th>key</th><th>value</th>"
-            f"<th>source</th><th>step</th><th>comment</th></tr>{rows}</table>")
+    rows += "".join(f"<tr class='failed'><td>{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(e['at']))}</td>"
+                    f"<td>{html.escape(str(e['detail'].get('key')))}</td><td class='value'>no verdict</td>"
+                    f"<td>judge:{html.escape(str(e['detail'].get('judge')))}</td><td></td>"
+                    f"<td>{html.escape(str(e['detail'].get('error')))}</td></tr>" for e in failed)
+    return (f"<h2>feedback ({len(events)}{f', {len(failed)} judge failures' if failed else ''})</h2><table id='feedback'>"
+            f"<tr><th>at (UTC)</th><th>key</th><th>value</th><th>source</th><th>step</th><th>comment</th></tr>{rows}</table>")
 
 
 # ---------------------------------------------------------------------- a group
