@@ -255,8 +255,7 @@ class CrewAIUpstream(Upstream):
                     raise PolicyResponseError(f"the crew's own model ({self.llm.model}) answered a tool call "
                                               f"of an unknown shape: {type(item).__name__}")
                 call_id, name, args = info
-                calls.append(ToolCall(id=str(call_id), name=name, arguments=args if isinstance(args, str)
-                                      else json.dumps(args)))
+                calls.append(ToolCall.from_openai({"id": str(call_id), "function": {"name": name, "arguments": args}}))
         elif not isinstance(reply, str):
             raise PolicyResponseError(f"the crew's own model ({self.llm.model}) answered a "
                                       f"{type(reply).__name__}, not text or tool calls")

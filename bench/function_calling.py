@@ -24,6 +24,9 @@ each decision that wrote the arguments is rewarded in the state it was made in (
 an asked argument was still unwritten, a key by whether it is asked for and new, an asked value by
 whether it is right, the close by whether nothing asked was left; `reward_decisions`).
 
+With `--guide teacher` the scripted expert's rollouts through the same agent join the groups whose
+exact-call rate is at or below `--guide-below` (`GRPOConfig(guidance=...)`, docs/teacher.md).
+
 Settings are chosen on the validation functions (`--split validation`); the held-out split is
 reported once (`--split held_out`, the default). Not covered: distractor tools (each agent has
 only the task's function), multi-call tasks, speed.
@@ -284,7 +287,10 @@ def run_seed(seed: int, args) -> dict:
         span_baseline=args.span_baseline, kl_beta=args.kl_beta, skip_uniform_groups=args.kl_beta == 0,
         warmup_steps=2, minibatch_size=args.minibatch_size, epochs=args.epochs, microbatch_size=8,
         concurrency=args.concurrency, max_seq_len=1024, merge_steps=True, run_name="fc",
-        out_dir=str(out / "run"), seed=seed, progress=not args.quiet), recorder=fb.Recorder(store))
+        out_dir=str(out / "run"), seed=seed, progress=not args.quiet,
+        guidance=None if args.guide == "none" else fb.Guidance(
+            below=args.guide_below, k=args.guide_k, source="teacher", shaping=args.guide_shaping)),
+        recorder=fb.Recorder(store))
     sft = warm_start(trainer, demos, SFTConfig(epochs=args.sft_epochs, lr=args.sft_lr, batch_size=8))
     result["sft_loss"] = [sft["sft_loss_first"], sft["sft_loss_last"]]
     if args.kl_beta > 0:
@@ -297,12 +303,18 @@ def run_seed(seed: int, args) -> dict:
     def rollout(task) -> float:
         return attempt(policy, task, args.temperature, args.max_tokens, args.reward, args.credit)
 
+    if args.guide != "none":  # the scripted expert through the same agent: guides in groups that fail
+        trainer.use_teacher(fb.Teacher(policy=scripted, make_rollout=lambda teacher: lambda task: attempt(
+            teacher, task, args.temperature, args.max_tokens, args.reward, args.credit)))
+
     def schedule(it: int):
         return random.Random(seed * 100_003 + it).sample(train, args.tasks_per_iteration)
 
+    t_rl = time.perf_counter()
     history = trainer.train(rollout, schedule, iterations=trainer.iteration + args.iterations)
+    result["rl_s"] = time.perf_counter() - t_rl
     result["training_reward"] = [h["reward_mean"] for h in history]
-    rolled = store.trajectories(run_id=trainer.run_id)
+    rolled = [t for t in store.trajectories(run_id=trainer.run_id) if t.behaviour != "guide"]  # on-policy only
     result["training_exact"] = [  # a partial score of 1.0 is an exact call
         statistics.mean([float(t.reward == 1.0) for t in rolled if t.metadata.get("iteration") == h["iteration"]] or [0.0])
         for h in history]
@@ -319,7 +331,8 @@ def run_seed(seed: int, args) -> dict:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (`bench/vs_trl.py` reads its defaults from here too)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--functions", type=int, default=300)
@@ -353,6 +366,12 @@ def main(argv: list[str] | None = None) -> int:
                         "over the rollouts compared, 0 where one did not write it (the group; with "
                         "--baseline batch, every rollout of the iteration; with --credit argument or decision)")
     p.add_argument("--baseline", choices=("group", "batch"), default="group")
+    p.add_argument("--guide", choices=("none", "teacher"), default="none",
+                   help="guided groups (GRPOConfig.guidance): the scripted expert's rollouts through the same "
+                        "agent join groups whose exact-call rate is at or below --guide-below")
+    p.add_argument("--guide-below", type=float, default=0.0)
+    p.add_argument("--guide-k", type=int, default=2)
+    p.add_argument("--guide-shaping", type=float, default=0.01)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--concurrency", type=int, default=16)
@@ -364,6 +383,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--transfer", metavar="RUN", help="evaluate an earlier run's SFT and SFT+RL adapters, "
                    "greedily, on functions GRPO practised, on unseen training functions and on its split "
                    "(up to --eval-tasks requests each), and stop")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     if args.eval_tasks < 1:
         p.error(f"--eval-tasks: expected at least 1, got {args.eval_tasks}")

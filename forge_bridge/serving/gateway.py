@@ -215,25 +215,24 @@ class Gateway:
     def _completion(self, body: dict, out: PolicyOutput | None) -> dict:
         if out is None:  # a limit ended the episode: an empty final answer ends the agent's loop
             out = PolicyOutput(Action(content="", finish_reason="stop"), [], [], [], None)
-        if self.behaviour == "upstream":  # the upstream's reply as it gave it: the student's tokens are the store's
-            completion = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                          "model": out.info.get("upstream") or body.get("model") or self.model_name,
-                          "choices": [{"index": 0, "message": out.message, "finish_reason": out.finish_reason}]}
+        upstream = self.behaviour == "upstream"  # the upstream's reply as it gave it: the student's tokens are the store's
+        choice = {"index": 0, "message": out.message, "finish_reason": out.finish_reason}
+        completion = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                      "model": (upstream and out.info.get("upstream")) or body.get("model") or self.model_name,
+                      "choices": [choice]}
+        if upstream:
             if out.info.get("upstream_usage"):
                 completion["usage"] = out.info["upstream_usage"]
             return completion
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-            "created": int(time.time()), "model": body.get("model") or self.model_name,
-            "choices": [{"index": 0, "message": out.message, "finish_reason": out.finish_reason,
-                         "token_ids": out.completion_token_ids,
-                         "logprobs": {"content": [{"token": str(t), "logprob": lp}
-                                                  for t, lp in zip(out.completion_token_ids,
-                                                                   out.completion_logprobs)]}}],
-            "usage": {"prompt_tokens": len(out.prompt_token_ids),
-                      "completion_tokens": len(out.completion_token_ids),
-                      "total_tokens": len(out.prompt_token_ids) + len(out.completion_token_ids)},
-            "prompt_token_ids": out.prompt_token_ids, "adapter": out.adapter}
+        choice["token_ids"] = out.completion_token_ids
+        choice["logprobs"] = {"content": [{"token": str(t), "logprob": lp}
+                                          for t, lp in zip(out.completion_token_ids, out.completion_logprobs)]}
+        prompt, completion_tokens = len(out.prompt_token_ids), len(out.completion_token_ids)
+        completion["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
+                               "total_tokens": prompt + completion_tokens}
+        completion["prompt_token_ids"] = out.prompt_token_ids
+        completion["adapter"] = out.adapter
+        return completion
 
     def chunks(self, completion: dict) -> list[dict]:
         """The same completion as streaming chunks: first the role and prompt token ids, then the

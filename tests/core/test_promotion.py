@@ -3,6 +3,7 @@ arriving through the gateway: a worse candidate is refused and never serves a re
 one is promoted, then rolled back when its live scores fall; no request fails; every decision is
 an event in the store."""
 
+import contextlib
 import threading
 import time
 
@@ -22,6 +23,27 @@ GRADES = {"Version one.": 1.0, "Version two.": 0.0}
 the base model's tool call half right."""
 
 
+@contextlib.contextmanager
+def agent_traffic(gw: Gateway):
+    """An agent's requests to the gateway, all along while inside; yields their status codes."""
+    statuses, stop = [], threading.Event()
+
+    def traffic() -> None:
+        with httpx.Client(timeout=60) as client:
+            while not stop.is_set():
+                r = client.post(gw.base_url + "/chat/completions", json={
+                    "messages": testing.ASK, "tools": [testing.ADD_TOOL], "max_tokens": 32, "temperature": 0})
+                statuses.append(r.status_code)
+
+    user = threading.Thread(target=traffic)
+    user.start()
+    try:
+        yield statuses
+    finally:
+        stop.set()
+        user.join()
+
+
 def test_a_worse_candidate_never_serves_and_a_falling_one_is_rolled_back(taught_model_dir, adapter_dirs, tmp_path):
     policy = LocalPolicy(str(taught_model_dir))
     store = TrajectoryStore(tmp_path / "t.db")
@@ -30,18 +52,7 @@ def test_a_worse_candidate_never_serves_and_a_falling_one_is_rolled_back(taught_
         return GRADES.get(policy.chat(testing.ASK, [testing.ADD_TOOL], slot=slot, temperature=0, max_tokens=32).text, 0.5)
 
     promotion = Promotion(policy, evaluate, Gate(margin=0.0, window=5, drop=0.3), store=store)
-    statuses, stop = [], threading.Event()
-    with Gateway(policy, Recorder(store)) as gw:
-        def traffic() -> None:  # an agent's requests, all along
-            with httpx.Client(timeout=60) as client:
-                while not stop.is_set():
-                    r = client.post(gw.base_url + "/chat/completions",
-                                    json={"messages": testing.ASK, "tools": [testing.ADD_TOOL], "max_tokens": 32,
-                                          "temperature": 0})
-                    statuses.append(r.status_code)
-
-        user = threading.Thread(target=traffic)
-        user.start()
+    with Gateway(policy, Recorder(store)) as gw, agent_traffic(gw) as statuses:
         for _ in range(5):
             assert promotion.observe(0.5) is False  # the base model's live scores: the baseline
         assert promotion.consider(adapter_dirs["v2"], "worse") is False
@@ -55,8 +66,6 @@ def test_a_worse_candidate_never_serves_and_a_falling_one_is_rolled_back(taught_
             assert promotion.observe(0.1) is False  # not a full window yet
         assert promotion.observe(0.1) is True  # 0.1 < 0.5 - 0.3 over the window
         assert policy.current() is None  # back to the base model, at once
-        stop.set()
-        user.join()
     assert statuses and set(statuses) == {200}
     recorded = {s.adapter for t in store.trajectories() for s in t.transitions}
     assert "worse" not in recorded and "better" in recorded  # the refused candidate never served a user
@@ -115,22 +124,10 @@ def test_a_shadow_run_judges_the_candidate_on_live_requests_the_users_never_see(
     shadow = Shadow(RelativeJudge(ScriptedPolicy(grade, models.tiny()[1]), "The answer wanted is 'Version one.'"),
                     share=1.0, requests=4, timeout_s=120)
     promotion = Promotion(policy, shadow, Gate(margin=0.0, window=5, drop=0.3), store=store)
-    statuses, stop = [], threading.Event()
-    with Gateway(policy, Recorder(store), shadow=shadow) as gw:
-        def traffic() -> None:
-            with httpx.Client(timeout=60) as client:
-                while not stop.is_set():
-                    r = client.post(gw.base_url + "/chat/completions", json={
-                        "messages": testing.ASK, "tools": [testing.ADD_TOOL], "max_tokens": 32, "temperature": 0})
-                    statuses.append(r.status_code)
-
-        user = threading.Thread(target=traffic)
-        user.start()
+    with Gateway(policy, Recorder(store), shadow=shadow) as gw, agent_traffic(gw) as statuses:
         assert promotion.consider(adapter_dirs["v2"], "worse") is False  # judged on live requests, refused
         assert policy.current() is None and policy.current(CANDIDATE) is None
         assert promotion.consider(adapter_dirs["v1"], "better") is True
-        stop.set()
-        user.join()
     assert statuses and set(statuses) == {200}
     served = [s.adapter for t in store.trajectories() for s in t.transitions]
     assert "worse" not in served  # the candidate's shadow answers reached no user and no episode
