@@ -331,6 +331,11 @@ def run_seed(seed: int, args) -> dict:
     return result
 
 
+def sd(xs: list[float]) -> float:
+    """The sample standard deviation, 0 for a single value (one seed)."""
+    return statistics.stdev(xs) if len(xs) > 1 else 0.0
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line (`bench/vs_trl.py` reads its defaults from here too)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -409,7 +414,6 @@ def main(argv: list[str] | None = None) -> int:
     sft = [r["SFT"] * 100 for r in results]
     rl = [r["SFT+RL"] * 100 for r in results]
     gain = [b - a for a, b in zip(sft, rl)]
-    sd = (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
     print(f"\n{args.split} functions, exact first call (seeds {args.seeds}):")
     print(f"  SFT      {' / '.join(f'{x:.0f}' for x in sft)} %  (mean {statistics.mean(sft):.0f} ± {sd(sft):.0f})")
     print(f"  SFT+RL   {' / '.join(f'{x:.0f}' for x in rl)} %  (mean {statistics.mean(rl):.0f} ± {sd(rl):.0f})")

@@ -46,17 +46,14 @@ PINS = ["torch==2.13.0", "trl==1.16.0", "transformers==5.24.0", "peft==0.21.2", 
 
 def trl_python() -> Path:
     """TRL's venv, made and pinned on first use; this checkout's core (`forge_bridge`, no
-    dependencies) goes in too, for the parser and the reward."""
+    dependencies) is reinstalled into it on every run, for the parser and the reward."""
     python, stamp = VENV / "bin" / "python", VENV / ".installed"
-    if stamp.is_file() and stamp.read_text() == " ".join(PINS):
-        subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(ROOT)],
-                       check=True, capture_output=True)
-        return python
-    print(f"== installing TRL's venv ({VENV}): {' '.join(PINS)}", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
-    subprocess.run([python, "-m", "pip", "install", "-q", *PINS], check=True)
-    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", str(ROOT)], check=True)
-    stamp.write_text(" ".join(PINS))
+    if not (stamp.is_file() and stamp.read_text() == " ".join(PINS)):
+        print(f"== installing TRL's venv ({VENV}): {' '.join(PINS)}", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
+        subprocess.run([python, "-m", "pip", "install", "-q", *PINS], check=True)
+        stamp.write_text(" ".join(PINS))
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(ROOT)], check=True)
     return python
 
 
@@ -120,11 +117,9 @@ def run_seed(seed: int, args, python: Path) -> dict:
     return result
 
 
-def sd(xs: list[float]) -> float:
-    return statistics.stdev(xs) if len(xs) > 1 else 0.0
-
-
 def table(results: list[dict]) -> str:
+    from function_calling import sd
+
     lines = ["| seed | SFT | SFT + TRL GRPO | SFT + forge-bridge GRPO | TRL RL wall time | forge-bridge RL wall time | time ratio |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
