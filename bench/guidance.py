@@ -26,10 +26,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-METHODS = {"grpo": {}, "guided": {"guide": "teacher", "guide_k": 1},
-           "guided-sharp": {"guide": "teacher", "guide_k": 2, "guide_shaping": 0.01},
-           "relabel": {"relabel_weight": 1.0}, "guided+relabel": {"guide": "teacher", "guide_k": 1, "relabel_weight": 1.0}}
-"""Method -> the DemoConfig settings it changes."""
+UNGUIDED = {"guide": "none", "guide_k": 1, "guide_shaping": 0.1, "relabel_weight": 0.0}
+METHODS = {"grpo": UNGUIDED, "guided": {**UNGUIDED, "guide": "teacher"},
+           "guided-sharp": {**UNGUIDED, "guide": "teacher", "guide_k": 2, "guide_shaping": 0.01},
+           "relabel": {**UNGUIDED, "relabel_weight": 1.0},
+           "guided+relabel": {**UNGUIDED, "guide": "teacher", "relabel_weight": 1.0}}
+"""Method -> its DemoConfig settings (all four given, whatever the demo's defaults; `make demo` is
+guided-sharp)."""
 
 
 def main() -> None:

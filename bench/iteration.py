@@ -50,8 +50,11 @@ def run_side(label: str, pythonpath: str | None, out: Path, iterations: int, see
     env = dict(os.environ)
     if pythonpath:  # ahead of the editable install (its finder comes after sys.path)
         env["PYTHONPATH"] = pythonpath
-    code = ("import sys; from forge_bridge.app.demo import DemoConfig, run; "
-            f"run(DemoConfig(out_dir={str(out)!r}, rl_iterations={iterations}, seed={seed}, sft_epochs=1), "
+    # Both sides unguided, on every demonstration: the fields a later demo added, where it has them.
+    code = ("import dataclasses; from forge_bridge.app.demo import DemoConfig, run; "
+            "names = {f.name for f in dataclasses.fields(DemoConfig)}; "
+            "later = {k: v for k, v in dict(guide='none', multi_step_demos=None).items() if k in names}; "
+            f"run(DemoConfig(out_dir={str(out)!r}, rl_iterations={iterations}, seed={seed}, sft_epochs=1, **later), "
             "progress=False)")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
     if proc.returncode:

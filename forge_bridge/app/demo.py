@@ -59,9 +59,10 @@ class DemoConfig:
     demonstrate: tuple[str, ...] = ("multiply", "lookup", "lookup_multiply")
     """Kinds the scripted expert demonstrates for SFT: the demo's own (its training tasks) and
     `BRIDGE_KINDS`, demonstrated only, never evaluated (`train_per_kind` tasks of each)."""
-    multi_step_demos: int | None = None
+    multi_step_demos: int | None = 4
     """Demonstrations of each multi-step kind in `demonstrate` (its first training tasks; GRPO
-    still draws from all of them); None: all `train_per_kind`. Bridge kinds are not limited."""
+    still draws from all of them); None: all `train_per_kind`. Bridge kinds are not limited.
+    4: few, and the guided groups teach the rest (docs/teacher.md)."""
     sft_epochs: int = 3
     """Passes over the demonstrations (chosen on the validation split among 1, 2 and 3 epochs:
     docs/experiments/demo.md)."""
@@ -101,12 +102,14 @@ class DemoConfig:
     """Per-step discount."""
     concurrency: int = 20
     """Agents run at once (their model calls are batched together: 40 rollouts in two waves)."""
-    guide: str = "none"
-    """Guides in GRPO groups the agent fails: 'none', 'teacher' (the scripted expert's rollouts) or 'demonstrations'."""
-    guide_k: int = 1
+    guide: str = "teacher"
+    """Guides in GRPO groups the agent fails: 'none', 'teacher' (the scripted expert's rollouts) or
+    'demonstrations' (the setting chosen on the validation split: docs/teacher.md)."""
+    guide_k: int = 2
     """Guide trajectories per guided group (the scripted expert's are all alike)."""
-    guide_shaping: float = 0.1
-    """gamma of the guide tokens' weight pi / (pi + gamma) (`Guidance.shaping`)."""
+    guide_shaping: float = 0.01
+    """gamma of the guide tokens' weight pi / (pi + gamma) (`Guidance.shaping`): small, so guide
+    tokens the policy has made unlikely are pushed hardest (docs/teacher.md)."""
     relabel_weight: float = 0.0
     """DAgger: imitate the scripted expert at the states of failed rollouts, with this weight (0: off)."""
 

@@ -134,10 +134,16 @@ def _refresh_template(target: Path) -> None:
 
 
 def _convert_gguf(name: str, spec: EmbeddedModel, target: Path) -> Path:
+    return convert_gguf(_gguf_path(spec, name), target, name)
+
+
+def convert_gguf(gguf: Path, target: Path, name: str) -> Path:
+    """Dequantise a GGUF file into an fp32 safetensors model directory at `target` (its own chat
+    template where that renders tool calls, else the Hermes one); `name` is the config's
+    `name_or_path`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = _gguf_path(spec, name)
     target.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
@@ -147,7 +153,8 @@ def _convert_gguf(name: str, spec: EmbeddedModel, target: Path) -> Path:
         del model.config.quantization_config
     model.hf_quantizer = None  # the weights are already dequantised to fp32
     model.config.name_or_path = name
-    tokenizer.chat_template = hermes_chat_template()
+    if not tokenizer.chat_template or "tool_call" not in tokenizer.chat_template:
+        tokenizer.chat_template = hermes_chat_template()
     # Write beside the target and rename, so a killed conversion never leaves half a model.
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:

@@ -136,7 +136,7 @@ def test_the_demo_demonstrates_the_kinds_named_and_only_the_first_multi_step_tas
     from forge_bridge.app.demo import DemoConfig, demonstration_tasks
 
     train, _ = make_splits(train_per_kind=6, eval_per_kind=2)
-    every = demonstration_tasks(DemoConfig(train_per_kind=6), train)
+    every = demonstration_tasks(DemoConfig(train_per_kind=6, multi_step_demos=None), train)
     assert every == train
     few = demonstration_tasks(DemoConfig(train_per_kind=6, multi_step_demos=2), train)
     assert [t.id for t in few if t.kind == "lookup_multiply"] == ["lookup_multiply-0", "lookup_multiply-1"]

@@ -30,8 +30,15 @@ def test_demo_pipeline_runs_end_to_end(quick_demo):
         assert held_out.isdisjoint(t.task_id for t in store.trajectories(run_id="validation-rl"))
         run_id = json.loads((out / "run.json").read_text())["run_id"]
         assert run_id.startswith("demo-")
-        rl = store.trajectories(run_id=run_id)
-        assert len(rl) == 2 * 3 * 4 and {t.transitions[0].adapter for t in rl} >= {"demo-sft"}
+        every = store.trajectories(run_id=run_id)
+        rl = [t for t in every if t.behaviour == "policy"]
+        guides = [t for t in every if t.behaviour == "guide"]  # the demo's default: guided groups
+        iterations = [m for line in (out / "metrics.jsonl").read_text().splitlines()
+                      for m in [json.loads(line)] if "time_rollout_s" in m]
+        used, missing = (sum(m[key] for m in iterations) for key in ("guide_trajectories", "guides_missing"))
+        assert len(iterations) == 2 and used <= len(guides) <= used + missing  # a failed guide rollout is kept
+        assert len(rl) + len(guides) == len(every) and len(rl) == 2 * 3 * 4
+        assert {t.transitions[0].adapter for t in rl} >= {"demo-sft"}
         for it in (1, 2):  # each iteration: one task of each kind, a group of 4 rollouts each
             kinds = sorted(t.task_id.rsplit("-", 1)[0] for t in rl if t.metadata["iteration"] == it)
             assert kinds == sorted(["multiply", "lookup", "lookup_multiply"] * 4)
