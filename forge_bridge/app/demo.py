@@ -61,8 +61,7 @@ class DemoConfig:
     `BRIDGE_KINDS`, demonstrated only, never evaluated (`train_per_kind` tasks of each)."""
     multi_step_demos: int | None = 4
     """Demonstrations of each multi-step kind in `demonstrate` (its first training tasks; GRPO
-    still draws from all of them); None: all `train_per_kind`. Bridge kinds are not limited.
-    4: few, and the guided groups teach the rest (docs/teacher.md)."""
+    draws from all of them; the guides teach the rest); None: all. Bridge kinds are not limited."""
     sft_epochs: int = 3
     """Passes over the demonstrations (chosen on the validation split among 1, 2 and 3 epochs:
     docs/experiments/demo.md)."""
@@ -103,13 +102,11 @@ class DemoConfig:
     concurrency: int = 20
     """Agents run at once (their model calls are batched together: 40 rollouts in two waves)."""
     guide: str = "teacher"
-    """Guides in GRPO groups the agent fails: 'none', 'teacher' (the scripted expert's rollouts) or
-    'demonstrations' (the setting chosen on the validation split: docs/teacher.md)."""
+    """Guides in GRPO groups the agent fails: 'none', 'teacher' (the scripted expert's rollouts) or 'demonstrations'."""
     guide_k: int = 2
     """Guide trajectories per guided group (the scripted expert's are all alike)."""
     guide_shaping: float = 0.01
-    """gamma of the guide tokens' weight pi / (pi + gamma) (`Guidance.shaping`): small, so guide
-    tokens the policy has made unlikely are pushed hardest (docs/teacher.md)."""
+    """gamma of the guide tokens' weight pi / (pi + gamma) (`Guidance.shaping`; picked on validation)."""
     relabel_weight: float = 0.0
     """DAgger: imitate the scripted expert at the states of failed rollouts, with this weight (0: off)."""
 
