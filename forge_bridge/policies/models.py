@@ -153,8 +153,7 @@ def convert_gguf(gguf: Path, target: Path, name: str) -> Path:
         del model.config.quantization_config
     model.hf_quantizer = None  # the weights are already dequantised to fp32
     model.config.name_or_path = name
-    if not tokenizer.chat_template or "tool_call" not in tokenizer.chat_template:
-        tokenizer.chat_template = hermes_chat_template()
+    with_tool_template(tokenizer)
     # Write beside the target and rename, so a killed conversion never leaves half a model.
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
@@ -175,7 +174,11 @@ def load_tokenizer(name: str | os.PathLike = "smollm2-135m-instruct") -> Any:
     the Hermes one."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path(str(name)), local_files_only=True)
+    return with_tool_template(AutoTokenizer.from_pretrained(model_path(str(name)), local_files_only=True))
+
+
+def with_tool_template(tokenizer: Any) -> Any:
+    """`tokenizer`, its chat template replaced by the Hermes one where it cannot render tool calls."""
     if not tokenizer.chat_template or "tool_call" not in tokenizer.chat_template:
         tokenizer.chat_template = hermes_chat_template()
     return tokenizer
