@@ -148,7 +148,10 @@ def _follow(args: argparse.Namespace, config) -> int:
     import forge_bridge as fb
 
     trainer = (fb.GRPOTrainer if args.algo == "grpo" else fb.PPOTrainer)(None, config, model=args.model)
-    trainer.train(None, [], args.iterations, resume=args.resume)
+    try:
+        trainer.train(None, [], args.iterations, resume=args.resume)
+    finally:
+        trainer.close()  # leaves the process group: a gloo group left to the exit can abort the rank
     return 0
 
 

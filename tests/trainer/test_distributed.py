@@ -174,6 +174,31 @@ def test_the_command_line_spreads_the_update_with_nproc(choice_dir, tmp_path):
                            "--out", str(out), "--run-name", "cli"],
                           cwd=HERE, env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "terminate called" not in proc.stderr  # every rank left its process group before exiting
     assert (out / "adapters" / "cli-v1" / "adapter_model.safetensors").is_file()
     assert metrics(out)[-1]["world_size"] == 2 and metrics(out)[-1]["rank_tokens_min"] > 0
     assert "done: 1 iterations, live adapter cli-v1" in proc.stdout
+
+
+def test_a_following_rank_of_the_command_line_closes_its_trainer_even_when_the_update_fails(monkeypatch):
+    """`train --nproc`'s other ranks leave the process group on the way out (closing the trainer):
+    a gloo group left to the interpreter's exit can abort the rank after its work is done."""
+    from forge_bridge.app import training
+
+    seen = []
+
+    class Following:  # a stand-in for the trainer a rank other than 0 makes
+        def __init__(self, policy, config, model):
+            seen.append(("made", policy, model))
+
+        def train(self, rollout, tasks, iterations, resume):
+            raise InvalidState("the leader failed mid-update")
+
+        def close(self):
+            seen.append(("closed",))
+
+    monkeypatch.setattr(fb, "GRPOTrainer", Following)
+    args = SimpleNamespace(algo="grpo", model="m", iterations=2, resume=False)
+    with pytest.raises(InvalidState, match="mid-update"):
+        training._follow(args, config=None)
+    assert seen == [("made", None, "m"), ("closed",)]
