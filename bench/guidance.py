@@ -1,5 +1,7 @@
 """Guidance on the demo's two-step kind with few demonstrations of it: SFT alone, SFT + GRPO, SFT +
-guided GRPO (the scripted expert's rollouts as guides), SFT + GRPO with relabelling.
+guided GRPO (the scripted expert's rollouts as guides), SFT + GRPO with relabelling, SFT + on-policy
+distillation from a teacher adapter (the same base, its LoRA trained on a demonstration of every
+training task, standing in for a bigger model).
 
 Each cell is one `forge-bridge demo` run (the same agent, tasks, splits, warm start on the
 single-tool kinds as today and `--demos` of the two-step kind, 8 GRPO iterations of 5 tasks x 8
@@ -11,10 +13,11 @@ success; the held-out split is reported once, for every method, with the seed-to
 
     .venv/bin/python bench/guidance.py --seeds 0 1 2 --demos 4 --methods grpo guided relabel --out runs/guidance
 
-What it does not cover: distillation from a teacher adapter (a second model and a second warm
-start per seed; `GRPOConfig(distill_beta=...)` is tested, not measured here), a teacher that is
-a real bigger model (the scripted expert is right on every task, as a model that does the job
-would be), other task suites. On 2 cores each cell takes about 25 minutes.
+Distillation's beta (0.1 or 1) is picked on seed 0's validation split by the same rule.
+
+What it does not cover: a teacher that is a real bigger model (the scripted expert is right on
+every task, as a model that does the job would be; the teacher adapter is the same 135M model,
+taught more), other task suites. On 2 cores each cell takes 15 to 25 minutes.
 """
 
 from __future__ import annotations
@@ -26,13 +29,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-UNGUIDED = {"guide": "none", "guide_k": 1, "guide_shaping": 0.1, "relabel_weight": 0.0}
+UNGUIDED = {"guide": "none", "guide_k": 1, "guide_shaping": 0.1, "relabel_weight": 0.0, "distill_beta": 0.0}
 METHODS = {"grpo": UNGUIDED, "guided": {**UNGUIDED, "guide": "teacher"},
            "guided-sharp": {**UNGUIDED, "guide": "teacher", "guide_k": 2, "guide_shaping": 0.01},
            "relabel": {**UNGUIDED, "relabel_weight": 1.0},
-           "guided+relabel": {**UNGUIDED, "guide": "teacher", "relabel_weight": 1.0}}
-"""Method -> its DemoConfig settings (all four given, whatever the demo's defaults; `make demo` is
-guided-sharp)."""
+           "guided+relabel": {**UNGUIDED, "guide": "teacher", "relabel_weight": 1.0},
+           "distill-0.1": {**UNGUIDED, "distill_beta": 0.1}, "distill-1": {**UNGUIDED, "distill_beta": 1.0}}
+"""Method -> its DemoConfig settings (all five given, whatever the demo's defaults; `make demo` is
+guided-sharp). distill-*: on-policy distillation from the teacher adapter (`DemoConfig.distill_beta`)."""
 
 
 def main() -> None:

@@ -65,6 +65,27 @@ def test_demo_with_no_grpo_iteration_reports_sft_alone_on_the_kinds_demonstrated
     assert shown == sorted(["multiply", "multiply_chain", "lookup_and_multiply"] * 4)
 
 
+def test_demo_distils_from_a_teacher_adapter_trained_on_every_demonstration(taught_model_dir, tmp_path):
+    out = tmp_path / "distil"
+    proc = subprocess.run([sys.executable, "-m", "forge_bridge.app.cli", "demo", "--quick", "--rl-iterations", "1",
+                           "--guide", "none", "--distill-beta", "0.5", "--multi-step-demos", "1",
+                           "--model", str(taught_model_dir), "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with TrajectoryStore(out / "trajectories.db") as store:
+        student = [t.task_id for t in store.trajectories(run_id="demonstrations")]
+        extra = [t.task_id for t in store.trajectories(run_id="teacher-demonstrations")]
+    # the student saw 1 of the 4 two-step tasks; the teacher is taught the other 3 too, and nothing twice
+    assert sum(i.startswith("lookup_multiply") for i in student) == 1
+    assert sorted(i.rsplit("-", 1)[0] for i in extra) == ["lookup_multiply"] * 3 and not set(extra) & set(student)
+    assert (out / "teacher" / "adapters" / "teacher-sft" / "adapter_model.safetensors").is_file()
+    (it,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert it["distill_unscored_steps"] == 0 and it["distill_log_ratio"] != 0  # every step scored by the teacher
+    summary = json.loads((out / "results.json").read_text())
+    assert summary["config"]["distill_beta"] == 0.5 and "teacher SFT" in summary["timings_s"]
+    assert "teacher-sft scores the student's tokens" in proc.stdout
+
+
 def test_a_new_run_sets_the_earlier_one_aside(tmp_path):
     from forge_bridge.core.runs import set_aside
 
