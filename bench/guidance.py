@@ -34,9 +34,12 @@ METHODS = {"grpo": UNGUIDED, "guided": {**UNGUIDED, "guide": "teacher"},
            "guided-sharp": {**UNGUIDED, "guide": "teacher", "guide_k": 2, "guide_shaping": 0.01},
            "relabel": {**UNGUIDED, "relabel_weight": 1.0},
            "guided+relabel": {**UNGUIDED, "guide": "teacher", "relabel_weight": 1.0},
-           "distill-0.1": {**UNGUIDED, "distill_beta": 0.1}, "distill-1": {**UNGUIDED, "distill_beta": 1.0}}
+           "distill-0.1": {**UNGUIDED, "distill_beta": 0.1}, "distill-1": {**UNGUIDED, "distill_beta": 1.0},
+           "guided-sharp+distill-1": {**UNGUIDED, "guide": "teacher", "guide_k": 2, "guide_shaping": 0.01,
+                                      "distill_beta": 1.0}}
 """Method -> its DemoConfig settings (all five given, whatever the demo's defaults; `make demo` is
-guided-sharp). distill-*: on-policy distillation from the teacher adapter (`DemoConfig.distill_beta`)."""
+guided-sharp). distill-*: on-policy distillation from the teacher adapter (`DemoConfig.distill_beta`),
+which then also acts as the guides' teacher."""
 
 
 def main() -> None:

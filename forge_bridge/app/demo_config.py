@@ -70,7 +70,8 @@ class DemoConfig:
     concurrency: int = 20
     """Agents run at once (their model calls are batched together: 40 rollouts in two waves)."""
     guide: str = "teacher"
-    """Guides in GRPO groups the agent fails: 'none', 'teacher' (the scripted expert's rollouts) or 'demonstrations'."""
+    """Guides in GRPO groups the agent fails: 'none', 'teacher' (the scripted expert's rollouts; with
+    `distill_beta`, the teacher adapter's) or 'demonstrations'."""
     guide_k: int = 2
     """Guide trajectories per guided group (the scripted expert's are all alike)."""
     guide_shaping: float = 0.01
