@@ -209,12 +209,7 @@ class DemoRun:
         shown = demonstration_tasks(config, self.train)
         t = self.phase(f"recording {len(shown)} demonstrations of {', '.join(config.demonstrate)} through the same "
                        "middleware (scripted expert)")
-        expert_agent = build_agent(fb.ScriptedPolicy(expert_reply, self.policy.tokenizer), 0.0, config.max_tokens)
-        run_tasks(expert_agent, shown, fb.Recorder(store, "demonstrations"), greedy=True,
-                  concurrency=config.concurrency, desc="demonstrations", progress=self.progress,
-                  max_model_calls=config.max_model_calls)
-        # in task order, not the order concurrent agents finished in: the same seed, the same SFT
-        self.demos = demos = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
+        self.demos = demos = self.demonstrate(shown, "demonstrations")
         trainer = fb.GRPOTrainer(self.policy, fb.GRPOConfig(
             gamma=config.gamma, group_size=config.group_size, lr=config.rl_lr,
             warmup_steps=config.rl_warmup_steps, kl_beta=config.kl_beta,
@@ -233,6 +228,18 @@ class DemoRun:
             trainer.freeze_reference()  # GRPO's KL is to this warm start, not to the base model
         self.timings["demos + SFT"] = time.perf_counter() - t
         return trainer, warm
+
+    def demonstrate(self, tasks: list[Task], run_id: str) -> list[Any]:
+        """The scripted expert's episodes of `tasks` through the same middleware, stored under
+        `run_id`; returned in task order, not the order concurrent agents finished in (the same
+        seed, the same SFT)."""
+        import forge_bridge as fb
+
+        config = self.config
+        expert_agent = build_agent(fb.ScriptedPolicy(expert_reply, self.policy.tokenizer), 0.0, config.max_tokens)
+        run_tasks(expert_agent, tasks, fb.Recorder(self.store, run_id), greedy=True, concurrency=config.concurrency,
+                  desc=run_id, progress=self.progress, max_model_calls=config.max_model_calls)
+        return sorted(self.store.trajectories(run_id=run_id, status="complete"), key=lambda t: t.task_id)
 
     def reinforce(self, trainer: Any) -> None:
         """GRPO on the training tasks, the same number of each kind every iteration."""
@@ -279,12 +286,7 @@ class DemoRun:
         t = self.phase("the teacher adapter: SFT on a demonstration of every training task")
         extra = [task for task in demonstration_tasks(replace(config, multi_step_demos=None), self.train)
                  if task not in demonstration_tasks(config, self.train)]
-        expert_agent = build_agent(fb.ScriptedPolicy(expert_reply, self.policy.tokenizer), 0.0, config.max_tokens)
-        run_tasks(expert_agent, extra, fb.Recorder(self.store, "teacher-demonstrations"), greedy=True,
-                  concurrency=config.concurrency, desc="teacher's demonstrations", progress=self.progress,
-                  max_model_calls=config.max_model_calls)
-        demos = self.demos + sorted(self.store.trajectories(run_id="teacher-demonstrations", status="complete"),
-                                    key=lambda t: t.task_id)
+        demos = self.demos + self.demonstrate(extra, "teacher-demonstrations")
         self.teacher_policy = policy = fb.LocalPolicy(config.model, max_batch=config.concurrency)
         trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(run_name="teacher", out_dir=str(self.out / "teacher"),
                                                       seed=config.seed, progress=self.progress, max_seq_len=768))

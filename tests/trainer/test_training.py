@@ -86,6 +86,9 @@ def test_new_adapter_serves_the_next_call_of_running_langchain_and_crewai_agents
 
 
 def test_sft_warm_start_fits_demonstrations(choice_model_dir, tmp_path):
+    # seeded: the success before SFT is otherwise sampled from whatever state earlier tests left
+    # (0.41-0.51 over seeds 0-2; after 16 epochs 0.96 on each, after 8 only 0.59-0.67)
+    torch.manual_seed(0)
     from forge_bridge.policies import models
     from forge_bridge.policies.scripted import ScriptedPolicy
 
@@ -104,13 +107,13 @@ def test_sft_warm_start_fits_demonstrations(choice_model_dir, tmp_path):
     before = success_rate(rollout)
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(lr=3e-3, out_dir=str(tmp_path / "run"),
                                                    run_name="sft", progress=False))
-    result = sft(trainer, recorder.store.trajectories(run_id="demos"), SFTConfig(epochs=8, lr=3e-3))
+    result = sft(trainer, recorder.store.trajectories(run_id="demos"), SFTConfig(epochs=16, lr=3e-3))
     after = success_rate(rollout)
     print(f"sft: success {before:.2f} -> {after:.2f}, loss {result['sft_loss_first']:.3f} -> "
           f"{result['sft_loss_last']:.3f}")
     assert result["adapter"] == "sft-sft" == policy.current()
     assert result["sft_loss_last"] < result["sft_loss_first"]
-    assert after >= before + 0.15
+    assert after >= before + 0.3
 
 
 def test_bad_trainer_input_is_a_clear_error(choice_model_dir, tmp_path):
