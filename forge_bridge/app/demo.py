@@ -284,8 +284,9 @@ class DemoRun:
 
         config = self.config
         t = self.phase("the teacher adapter: SFT on a demonstration of every training task")
+        shown = demonstration_tasks(config, self.train)
         extra = [task for task in demonstration_tasks(replace(config, multi_step_demos=None), self.train)
-                 if task not in demonstration_tasks(config, self.train)]
+                 if task not in shown]
         demos = self.demos + self.demonstrate(extra, "teacher-demonstrations")
         self.teacher_policy = policy = fb.LocalPolicy(config.model, max_batch=config.concurrency)
         trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(run_name="teacher", out_dir=str(self.out / "teacher"),
