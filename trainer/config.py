@@ -239,6 +239,11 @@ class GRPOConfig(TrainerConfig):
         _check(_number(self.step_weight) and self.step_weight >= 0, "step_weight", "a number >= 0",
                self.step_weight)
 
+    def teacher_settings(self) -> tuple[str, ...]:
+        """The settings that ask for a teacher, as a user would write them (empty: none does)."""
+        guide = (f"Guidance(source={self.guidance.source!r})",) if self.guidance else ()
+        return guide + tuple(name for name in ("distill_beta", "relabel_weight") if getattr(self, name) > 0)
+
 
 @dataclass(frozen=True)
 class PPOConfig(TrainerConfig):

@@ -70,8 +70,7 @@ class Teacher:
 def check_teacher(teacher: Teacher | None, config: GRPOConfig, tokenizer: Any) -> None:
     """Refuse, before anything runs, a teacher that cannot give what the config asks of it."""
     guidance = config.guidance
-    wants = ([f"Guidance(source={guidance.source!r})"] if guidance else []) + \
-        [name for name in ("distill_beta", "relabel_weight") if getattr(config, name) > 0]
+    wants = config.teacher_settings()
     if not wants:
         return
     if teacher is None:

@@ -244,7 +244,7 @@ class DemoRun:
     def reinforce(self, trainer: Any) -> None:
         """GRPO on the training tasks, the same number of each kind every iteration."""
         config = self.config
-        if config.guide != "none" or config.relabel_weight > 0 or config.distill_beta > 0:
+        if trainer.config.teacher_settings():
             trainer.use_teacher(self.teacher())
         t = self.phase(f"GRPO: {config.rl_iterations} iterations x {sum(config.rl_tasks_per_kind)} tasks x "
                        f"{config.group_size} rollouts at T={config.temperature}, per-step gamma={config.gamma}")

@@ -134,3 +134,11 @@ def test_guidance_settings_are_validated():
     with pytest.raises(InvalidArgument, match="distill_beta"):
         GRPOConfig(distill_beta=-1)
     assert GRPOConfig(guidance=Guidance(k=3)).to_dict()["guidance"]["k"] == 3
+
+
+def test_the_config_says_which_of_its_settings_ask_for_a_teacher():
+    assert GRPOConfig().teacher_settings() == ()
+    assert GRPOConfig(distill_beta=0.0, relabel_weight=0.0).teacher_settings() == ()
+    assert GRPOConfig(guidance=Guidance(source="demonstrations"), relabel_weight=0.5).teacher_settings() == (
+        "Guidance(source='demonstrations')", "relabel_weight")
+    assert GRPOConfig(distill_beta=1.0).teacher_settings() == ("distill_beta",)
