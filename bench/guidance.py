@@ -38,7 +38,7 @@ METHODS = {"grpo": UNGUIDED, "guided": {**UNGUIDED, "guide": "teacher"},
            "guided-sharp+distill-1": {**UNGUIDED, "guide": "teacher", "guide_k": 2, "guide_shaping": 0.01,
                                       "distill_beta": 1.0}}
 """Method -> its DemoConfig settings (all five given, whatever the demo's defaults; `make demo` is
-guided-sharp). distill-*: on-policy distillation from the teacher adapter (`DemoConfig.distill_beta`),
+guided-sharp+distill-1). distill-*: on-policy distillation from the teacher adapter (`DemoConfig.distill_beta`),
 which then also acts as the guides' teacher."""
 
 

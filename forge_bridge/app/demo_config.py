@@ -70,17 +70,18 @@ class DemoConfig:
     concurrency: int = 20
     """Agents run at once (their model calls are batched together: 40 rollouts in two waves)."""
     guide: str = "teacher"
-    """Guides in GRPO groups the agent fails: 'none', 'teacher' (the scripted expert's rollouts; with
-    `distill_beta`, the teacher adapter's) or 'demonstrations'."""
+    """Guides in GRPO groups the agent fails: 'none', 'teacher' (the teacher's rollouts: the teacher
+    adapter's with `distill_beta`, else the scripted expert's) or 'demonstrations'."""
     guide_k: int = 2
     """Guide trajectories per guided group (the scripted expert's are all alike)."""
     guide_shaping: float = 0.01
     """gamma of the guide tokens' weight pi / (pi + gamma) (`Guidance.shaping`; picked on validation)."""
     relabel_weight: float = 0.0
     """DAgger: imitate the scripted expert at the states of failed rollouts, with this weight (0: off)."""
-    distill_beta: float = 0.0
+    distill_beta: float = 1.0
     """On-policy distillation from a teacher adapter (the same base, a LoRA trained by SFT on a
-    demonstration of every training task), weight beta (`GRPOConfig.distill_beta`; 0: off)."""
+    demonstration of every training task), weight beta (`GRPOConfig.distill_beta`; 0: off and the
+    scripted expert guides; 1 picked on validation among 0.1 and 1: docs/teacher.md)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):

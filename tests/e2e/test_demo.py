@@ -16,6 +16,7 @@ def test_demo_pipeline_runs_end_to_end(quick_demo):
     summary = json.loads((out / "results.json").read_text())
     assert list(summary["results"]) == ["base", "SFT", "SFT+RL"] == list(summary["validation"])
     assert "validation tasks, where the settings were chosen: base" in proc.stdout
+    assert summary["config"]["distill_beta"] == 1.0 and "teacher SFT" in summary["timings_s"]
     assert summary["adapter"] == "demo-v2"  # demo-sft from SFT, v1-v2 from two GRPO iterations
     assert summary["sft"]["sft_loss_last"] < summary["sft"]["sft_loss_first"]
     assert (out / "reward_curve.png").stat().st_size > 1000
@@ -32,11 +33,14 @@ def test_demo_pipeline_runs_end_to_end(quick_demo):
         assert run_id.startswith("demo-")
         every = store.trajectories(run_id=run_id)
         rl = [t for t in every if t.behaviour == "policy"]
-        guides = [t for t in every if t.behaviour == "guide"]  # the demo's default: guided groups
+        guides = [t for t in every if t.behaviour == "guide"]  # the demo's default: guided groups, the guides
+        # rolled out by the teacher adapter, which also scores every sampled token (distillation)
         iterations = [m for line in (out / "metrics.jsonl").read_text().splitlines()
                       for m in [json.loads(line)] if "time_rollout_s" in m]
         used, missing = (sum(m[key] for m in iterations) for key in ("guide_trajectories", "guides_missing"))
         assert len(iterations) == 2 and used <= len(guides) <= used + missing  # a failed guide rollout is kept
+        assert all(m["distill_unscored_steps"] == 0 and m["distill_log_ratio"] != 0 for m in iterations)
+        assert {g.transitions[0].adapter for g in guides} <= {"teacher-sft"}
         assert len(rl) + len(guides) == len(every) and len(rl) == 2 * 3 * 4
         assert {t.transitions[0].adapter for t in rl} >= {"demo-sft"}
         for it in (1, 2):  # each iteration: one task of each kind, a group of 4 rollouts each
