@@ -77,7 +77,8 @@ class DemoConfig:
     guide_shaping: float = 0.01
     """gamma of the guide tokens' weight pi / (pi + gamma) (`Guidance.shaping`; picked on validation)."""
     relabel_weight: float = 0.0
-    """DAgger: imitate the scripted expert at the states of failed rollouts, with this weight (0: off)."""
+    """DAgger: imitate the teacher (the teacher adapter with `distill_beta`, else the scripted expert)
+    at the states of failed rollouts, with this weight (0: off)."""
     distill_beta: float = 1.0
     """On-policy distillation from a teacher adapter (the same base, a LoRA trained by SFT on a
     demonstration of every training task), weight beta (`GRPOConfig.distill_beta`; 0: off and the
