@@ -46,8 +46,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
-def build_agent(policy, task, temperature: float, max_tokens: int):
-    """An ordinary LangChain agent whose one tool is the task's function (it answers 'done')."""
+def build_agent(policy, task, temperature: float, max_tokens: int, return_direct: bool = False):
+    """An ordinary LangChain agent whose one tool is the task's function (it answers 'done'); with
+    `return_direct` the tool's answer ends the episode (LangChain's `return_direct`), so the agent
+    makes one model call, not two (the call, then its closing reply)."""
     from langchain.agents import create_agent
     from langchain_core.tools import StructuredTool
     from langchain_openai import ChatOpenAI
@@ -56,14 +58,15 @@ def build_agent(policy, task, temperature: float, max_tokens: int):
 
     fn = task.tool["function"]
     tool = StructuredTool.from_function(func=lambda **kwargs: "done", name=fn["name"],
-                                        description=fn["description"], args_schema=fn["parameters"])
+                                        description=fn["description"], args_schema=fn["parameters"],
+                                        return_direct=return_direct)
     model = ChatOpenAI(model="gpt-4o-mini", api_key="unused", base_url="http://127.0.0.1:9/v1")
     return create_agent(model, [tool], middleware=[ForgeMiddleware(
         policy, temperature=temperature, max_tokens=max_tokens, max_model_calls=2)])
 
 
 def attempt(policy, task, temperature: float, max_tokens: int, reward: str = "exact",
-            credit: str = "call") -> float:
+            credit: str = "call", return_direct: bool = False) -> float:
     """One episode (inside the current one), scored on its first call: 1 when it is exactly right,
     else 0 (`reward="exact"`) or the share of its arguments that are right (`"partial"`). With
     `credit="argument"` each argument's tokens also get a span reward, +1 right / -1 wrong or not
@@ -73,7 +76,7 @@ def attempt(policy, task, temperature: float, max_tokens: int, reward: str = "ex
     from forge_bridge.app.tasks.functions import argument_verdicts, check_call, score_call
     from forge_bridge.policies.call_spans import reward_arguments, reward_decisions
 
-    agent = build_agent(policy, task, temperature, max_tokens)
+    agent = build_agent(policy, task, temperature, max_tokens, return_direct)
     try:
         agent.invoke({"messages": [{"role": "user", "content": task.request}]}, {"recursion_limit": 6})
     except Exception as exc:  # the agent's own error: a failed attempt, recorded as such
@@ -93,12 +96,13 @@ def attempt(policy, task, temperature: float, max_tokens: int, reward: str = "ex
     return 1.0 if check_call(task, steps[0].action.tool_calls) else 0.0
 
 
-def evaluate(policy, tasks, store, run_id: str, max_tokens: int, concurrency: int) -> float:
+def evaluate(policy, tasks, store, run_id: str, max_tokens: int, concurrency: int,
+             return_direct: bool = False) -> float:
     import forge_bridge as fb
 
     def one(task) -> float:
         with fb.sampling(temperature=0), fb.episode(task.id, recorder=fb.Recorder(store, run_id)) as ep:
-            score = attempt(policy, task, 0.0, max_tokens)
+            score = attempt(policy, task, 0.0, max_tokens, return_direct=return_direct)
             ep.reward(score)
             return score
 
@@ -232,8 +236,8 @@ def transfer_of(run: Path, n: int) -> list[dict]:
             with tempfile.TemporaryDirectory() as tmp, TrajectoryStore(Path(tmp) / "transfer.db") as scratch:
                 for phase, version in (("SFT", 1), ("SFT+RL", max(versions))):
                     policy.load_adapter(versions[version], f"transfer-{phase.replace('+', '')}")
-                    scores[phase] = {g: evaluate(policy, ts, scratch, f"{phase}-{g}", a["max_tokens"],
-                                                 a["concurrency"]) for g, ts in groups.items()}
+                    scores[phase] = {g: evaluate(policy, ts, scratch, f"{phase}-{g}", a["max_tokens"], a["concurrency"],
+                                                 a.get("return_direct", False)) for g, ts in groups.items()}
         finally:
             policy.close()
         results.append(scores)
@@ -280,7 +284,7 @@ def run_seed(seed: int, args) -> dict:
     scripted = ScriptedPolicy(expert, policy.tokenizer)
     for task in demo_tasks:
         with fb.episode(task.id, recorder=fb.Recorder(store, "demonstrations")) as ep:
-            ep.reward(attempt(scripted, task, 0.0, args.max_tokens))
+            ep.reward(attempt(scripted, task, 0.0, args.max_tokens, return_direct=args.return_direct))
     demos = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
         group_size=args.group_size, lr=args.lr, baseline=args.baseline, span_weight=args.span_weight,
@@ -295,17 +299,17 @@ def run_seed(seed: int, args) -> dict:
     result["sft_loss"] = [sft["sft_loss_first"], sft["sft_loss_last"]]
     if args.kl_beta > 0:
         trainer.freeze_reference()  # the KL holds RL near the warm start, not the base model
-    result["SFT"] = evaluate(policy, report, store, "eval-sft", args.max_tokens, args.concurrency)
+    result["SFT"] = evaluate(policy, report, store, "eval-sft", args.max_tokens, args.concurrency, args.return_direct)
     result["errors"] = {"SFT": errors(store, "eval-sft", report)}
     result["choices"] = {"SFT": choices(store, "eval-sft", report)}
     print(f"seed {seed}: SFT {result['SFT']:.2f} on {len(report)} {args.split} requests", flush=True)
 
     def rollout(task) -> float:
-        return attempt(policy, task, args.temperature, args.max_tokens, args.reward, args.credit)
+        return attempt(policy, task, args.temperature, args.max_tokens, args.reward, args.credit, args.return_direct)
 
     if args.guide != "none":  # the scripted expert through the same agent: guides in groups that fail
         trainer.use_teacher(fb.Teacher(policy=scripted, make_rollout=lambda teacher: lambda task: attempt(
-            teacher, task, args.temperature, args.max_tokens, args.reward, args.credit)))
+            teacher, task, args.temperature, args.max_tokens, args.reward, args.credit, args.return_direct)))
 
     def schedule(it: int):
         return random.Random(seed * 100_003 + it).sample(train, args.tasks_per_iteration)
@@ -318,7 +322,7 @@ def run_seed(seed: int, args) -> dict:
     result["training_exact"] = [  # a partial score of 1.0 is an exact call
         statistics.mean([float(t.reward == 1.0) for t in rolled if t.metadata.get("iteration") == h["iteration"]] or [0.0])
         for h in history]
-    result["SFT+RL"] = evaluate(policy, report, store, "eval-rl", args.max_tokens, args.concurrency)
+    result["SFT+RL"] = evaluate(policy, report, store, "eval-rl", args.max_tokens, args.concurrency, args.return_direct)
     result["errors"]["SFT+RL"] = errors(store, "eval-rl", report)
     result["choices"]["SFT+RL"] = choices(store, "eval-rl", report)
     result["wall_s"] = time.perf_counter() - t0
@@ -377,6 +381,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--guide-below", type=float, default=0.0)
     p.add_argument("--guide-k", type=int, default=2)
     p.add_argument("--guide-shaping", type=float, default=0.01)
+    p.add_argument("--return-direct", action="store_true", help="the tool's answer ends the episode "
+                   "(LangChain's return_direct): one model call per episode instead of the call and a closing reply")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--concurrency", type=int, default=16)

@@ -2,13 +2,16 @@
 a LangChain agent, on the generated function-calling suite, with held-out accuracy and wall time
 in one run.
 
-    .venv/bin/python bench/vs_trl.py [--seeds 0 1 2] [--out runs/bench-vs-trl]
+    .venv/bin/python bench/vs_trl.py [--seeds 0 1 2] [--out runs/bench-vs-trl] [--with-reply]
 
 Per seed, `bench/function_calling.py` at its defaults (the measured setting: SmolLM2-135M, 48
 demonstrations, an SFT warm start, then 6 GRPO iterations of 6 training requests x 8 rollouts,
 partial-credit reward, one optimiser step per iteration) does the warm start and forge-bridge's
 run: an ordinary LangChain `create_agent` agent on `LocalPolicy` through `ForgeMiddleware`, the
-trainer hot-swapping each adapter into it. Then TRL (`bench/vs_trl_peer.py`, in its own venv
+trainer hot-swapping each adapter into it. The agent's tool is `return_direct` (its answer ends the
+episode), so an episode is one model call, the call TRL samples for the same prompt; with
+`--with-reply` the agent also writes its closing reply after the tool returns, and forge-bridge
+samples and trains on that second call too (how the bench ran until 2026-12-05). Then TRL (`bench/vs_trl_peer.py`, in its own venv
 `.venv-trl`, pinned below and installed here on first use) continues the *same* warm-start LoRA on
 the *same* prompts in the same order (the token ids the agent's first model call was given, as
 text that tokenizes back to them), with the same rollouts per prompt, optimiser steps, AdamW and
@@ -19,9 +22,8 @@ updates (and for forge-bridge the agent's loop, recording, publishing and swappi
 model loading, the warm start and the evaluations are outside it. Both run on this machine's CPU,
 one after the other, float32.
 
-What it does not cover: TRL with vLLM or on a GPU (both are CPU-only here); forge-bridge's
-episodes also sample the agent's second model call (its answer after the tool returns) and train
-on it, TRL's only the first call; TRL's defaults where they differ in kind (its loss is `dapo`,
+What it does not cover: TRL with vLLM or on a GPU (both are CPU-only here); agents of more than
+one model call (TRL's `GRPOTrainer` samples one completion per prompt); TRL's defaults where they differ in kind (its loss is `dapo`,
 token-level, like forge-bridge's; it has no truncated importance sampling, which a local sampler
 does not need); other tasks, models and budgets.
 """
@@ -84,6 +86,7 @@ def run_seed(seed: int, args, python: Path) -> dict:
 
     fc_args = fc.parser().parse_args(["--out", str(args.out), "--eval-tasks", str(args.eval_tasks),
                                       "--iterations", str(args.iterations),
+                                      *([] if args.with_reply else ["--return-direct"]),
                                       *(["--quiet"] if args.quiet else [])])
     ours = fc.run_seed(seed, fc_args)
     folder = Path(args.out) / f"seed{seed}"
@@ -106,7 +109,8 @@ def run_seed(seed: int, args, python: Path) -> dict:
     try:
         policy.load_adapter(folder / "trl" / "adapter", "trl")
         with TrajectoryStore(folder / "trl" / "eval.db") as store:
-            trl_score = fc.evaluate(policy, held_out[:args.eval_tasks], store, "eval-trl", a.max_tokens, a.concurrency)
+            trl_score = fc.evaluate(policy, held_out[:args.eval_tasks], store, "eval-trl", a.max_tokens,
+                                    a.concurrency, a.return_direct)
     finally:
         policy.close()
     result = {"seed": seed, "SFT": ours["SFT"], "forge-bridge": ours["SFT+RL"], "TRL": trl_score,
@@ -140,6 +144,8 @@ def main() -> int:
     p.add_argument("--eval-tasks", type=int, default=60, help="held-out requests scored")
     p.add_argument("--iterations", type=int, default=6, help="GRPO iterations (optimiser steps) of each trainer")
     p.add_argument("--out", default="runs/bench-vs-trl")
+    p.add_argument("--with-reply", action="store_true", help="the agent also writes its closing reply after the "
+                   "tool returns (two model calls per episode, both sampled and trained by forge-bridge)")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args()
     if Path(args.out).exists() and any(Path(args.out).iterdir()):

@@ -222,7 +222,7 @@ class DemoRun:
                                                                      shaping=config.guide_shaping)),
             recorder=fb.Recorder(store))  # episodes: the run id
         warm = sft(trainer, demos, SFTConfig(epochs=config.sft_epochs, lr=config.sft_lr, batch_size=8))
-        print(f"  SFT on {warm['sft_samples']} model calls: loss {warm['sft_loss_first']:.3f} -> "
+        print(f"  SFT on {warm['sft_demonstrations']} episodes: loss {warm['sft_loss_first']:.3f} -> "
               f"{warm['sft_loss_last']:.3f}; published {warm['adapter']} to the live agent")
         if config.kl_beta > 0:
             trainer.freeze_reference()  # GRPO's KL is to this warm start, not to the base model
@@ -290,10 +290,11 @@ class DemoRun:
         demos = self.demos + self.demonstrate(extra, "teacher-demonstrations")
         self.teacher_policy = policy = fb.LocalPolicy(config.model, max_batch=config.concurrency)
         trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(run_name="teacher", out_dir=str(self.out / "teacher"),
-                                                      seed=config.seed, progress=self.progress, max_seq_len=768))
+                                                      seed=config.seed, progress=self.progress, max_seq_len=768,
+                                                      merge_steps=True))  # one sample an episode, as the student's
         warm = sft(trainer, demos, SFTConfig(epochs=config.sft_epochs, lr=config.sft_lr, batch_size=8))
         trainer.close()
-        print(f"  teacher SFT on {warm['sft_samples']} model calls: loss {warm['sft_loss_first']:.3f} -> "
+        print(f"  teacher SFT on {warm['sft_demonstrations']} episodes: loss {warm['sft_loss_first']:.3f} -> "
               f"{warm['sft_loss_last']:.3f}; {policy.current()} scores the student's tokens")
         self.timings["teacher SFT"] = time.perf_counter() - t
         return policy
