@@ -27,6 +27,10 @@ whether it is right, the close by whether nothing asked was left; `reward_decisi
 With `--guide teacher` the scripted expert's rollouts through the same agent join the groups whose
 exact-call rate is at or below `--guide-below` (`GRPOConfig(guidance=...)`, docs/teacher.md).
 
+With `--return-direct` the tool is LangChain's `return_direct`: its answer ends the episode, so each
+episode (demonstrations included) is the call alone, one model call with no closing reply
+(`bench/vs_trl.py` runs so: TRL samples one completion per prompt).
+
 Settings are chosen on the validation functions (`--split validation`); the held-out split is
 reported once (`--split held_out`, the default). Not covered: distractor tools (each agent has
 only the task's function), multi-call tasks, speed.
