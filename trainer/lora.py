@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from forge_bridge.core.atomic import write_dir
 from forge_bridge.policies.base import DEFAULT_SLOT
+from forge_bridge.policies.models import peft_wrapping
 
 DEFAULT_ADAPTER = DEFAULT_SLOT
 """peft's name for the first adapter ('default'), which is also the policy's default slot: the
@@ -39,7 +40,8 @@ def attach_lora(model: Any, rank: int, alpha: int, targets: Sequence[str], dropo
 
     for p in model.parameters():
         p.requires_grad_(False)
-    peft_model = get_peft_model(model, _config(rank, alpha, targets, dropout))
+    with peft_wrapping():
+        peft_model = get_peft_model(model, _config(rank, alpha, targets, dropout))
     for name in extra_adapters:
         peft_model.add_adapter(name, _config(rank, alpha, targets, dropout))
     peft_model.set_adapter(DEFAULT_ADAPTER)

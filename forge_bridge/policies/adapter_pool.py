@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from forge_bridge.policies.models import peft_wrapping
+
 _SHAPE = ("r", "lora_alpha", "use_rslora", "use_dora", "bias", "fan_in_fan_out")
 
 
@@ -56,7 +58,8 @@ class AdapterPool:
 
         self.shape = shape_of(path)
         name = self._new_name()
-        peft = PeftModel.from_pretrained(model, str(path), adapter_name=name, is_trainable=False)
+        with peft_wrapping():
+            peft = PeftModel.from_pretrained(model, str(path), adapter_name=name, is_trainable=False)
         self.holder[version] = name
         for _ in range(self.spare):
             self.free.append(self._add(peft))

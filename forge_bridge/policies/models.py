@@ -13,17 +13,30 @@ torch and transformers are imported inside the functions: `import forge_bridge` 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
 import shutil
 import tempfile
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from forge_bridge.core.errors import ForgeBridgeError, InvalidArgument
+
+@contextlib.contextmanager
+def peft_wrapping() -> Iterator[None]:
+    """Wrap a model with peft inside this: peft asks the model `is_gradient_checkpointing`, which
+    transformers 5 deprecates with a FutureWarning on every wrap, a warning about the two
+    libraries' own call that a user can do nothing about. Only that one warning is silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -280,5 +293,6 @@ def merge(name: str, adapter: str | os.PathLike, out: str | os.PathLike) -> Path
     from peft import PeftModel
 
     model, tokenizer = load(name, dtype=torch.float32)
-    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    with peft_wrapping():
+        merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
     return save(merged, tokenizer, out)
