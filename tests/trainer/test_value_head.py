@@ -22,7 +22,7 @@ def test_values_are_read_at_the_positions_and_do_not_reach_the_hidden_states():
     values = read_values(head, hidden, positions)  # [B, S]
     assert values.shape == (2, 2)
     x = hidden.detach()[1, 4]
-    assert float(values[1, 1]) == pytest.approx(float(head(x / x.abs().sum())), abs=1e-6)
+    assert values[1, 1].item() == pytest.approx(head(x / x.abs().sum()).item(), abs=1e-6)
     values.sum().backward()
     assert hidden.grad is None and head.weight.grad is not None
 
@@ -40,7 +40,7 @@ def test_one_adam_step_moves_a_value_by_twice_the_rate_whatever_the_width_and_sc
         before = read_values(head, hidden, positions)
         (0.5 * (before - 1.0) ** 2).sum().backward()
         optimizer.step()
-        moved = float(read_values(head, hidden, positions) - before)
+        moved = (read_values(head, hidden, positions) - before).item()
         assert moved == pytest.approx(2 * 0.05, rel=1e-4)
 
 
