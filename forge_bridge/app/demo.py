@@ -290,11 +290,10 @@ class DemoRun:
         demos = self.demos + self.demonstrate(extra, "teacher-demonstrations")
         self.teacher_policy = policy = fb.LocalPolicy(config.model, max_batch=config.concurrency)
         trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(run_name="teacher", out_dir=str(self.out / "teacher"),
-                                                      seed=config.seed, progress=self.progress, max_seq_len=768,
-                                                      merge_steps=True))  # one sample an episode, as the student's
+                                                      seed=config.seed, progress=self.progress, max_seq_len=768))
         warm = sft(trainer, demos, SFTConfig(epochs=config.sft_epochs, lr=config.sft_lr, batch_size=8))
         trainer.close()
-        print(f"  teacher SFT on {warm['sft_demonstrations']} episodes: loss {warm['sft_loss_first']:.3f} -> "
+        print(f"  teacher SFT on {warm['sft_demonstrations']} episodes ({warm['sft_samples']} model calls): loss {warm['sft_loss_first']:.3f} -> "
               f"{warm['sft_loss_last']:.3f}; {policy.current()} scores the student's tokens")
         self.timings["teacher SFT"] = time.perf_counter() - t
         return policy
