@@ -293,8 +293,9 @@ class DemoRun:
                                                       seed=config.seed, progress=self.progress, max_seq_len=768))
         warm = sft(trainer, demos, SFTConfig(epochs=config.sft_epochs, lr=config.sft_lr, batch_size=8))
         trainer.close()
-        print(f"  teacher SFT on {warm['sft_demonstrations']} episodes ({warm['sft_samples']} model calls): loss {warm['sft_loss_first']:.3f} -> "
-              f"{warm['sft_loss_last']:.3f}; {policy.current()} scores the student's tokens")
+        print(f"  teacher SFT on {warm['sft_demonstrations']} episodes ({warm['sft_samples']} model calls): "
+              f"loss {warm['sft_loss_first']:.3f} -> {warm['sft_loss_last']:.3f}; "
+              f"{policy.current()} scores the student's tokens")
         self.timings["teacher SFT"] = time.perf_counter() - t
         return policy
 
