@@ -11,21 +11,21 @@ run: an ordinary LangChain `create_agent` agent on `LocalPolicy` through `ForgeM
 trainer hot-swapping each adapter into it. The agent's tool is `return_direct` (its answer ends the
 episode), so an episode is one model call, the call TRL samples for the same prompt; with
 `--with-reply` the agent also writes its closing reply after the tool returns, and forge-bridge
-samples and trains on that second call too (how the bench ran until 2026-12-05). Then TRL (`bench/vs_trl_peer.py`, in its own venv
-`.venv-trl`, pinned below and installed here on first use) continues the *same* warm-start LoRA on
-the *same* prompts in the same order (the token ids the agent's first model call was given, as
-text that tokenizes back to them), with the same rollouts per prompt, optimiser steps, AdamW and
-warm-up, clip, temperature, token budget and reward (forge-bridge's score of the first tool call).
-Both final adapters are scored by the same greedy evaluation, through the agent, on the held-out
-functions (exact first call). Wall time is each trainer's RL phase alone: sampling, rewards,
-updates (and for forge-bridge the agent's loop, recording, publishing and swapping every adapter);
-model loading, the warm start and the evaluations are outside it. Both run on this machine's CPU,
-one after the other, float32.
+samples and trains on that second call too (how the bench ran until 2026-12-05). Then TRL
+(`bench/vs_trl_peer.py`, in its own venv `.venv-trl`, pinned below and installed here on first use)
+continues the *same* warm-start LoRA on the *same* prompts in the same order (the token ids the
+agent's first model call was given, as text that tokenizes back to them), with the same rollouts
+per prompt, optimiser steps, AdamW and warm-up, clip, temperature, token budget and reward
+(forge-bridge's score of the first tool call). Both final adapters are scored by the same greedy
+evaluation, through the agent, on the held-out functions (exact first call). Wall time is each
+trainer's RL phase alone: sampling, rewards, updates (and for forge-bridge the agent's loop,
+recording, publishing and swapping every adapter); model loading, the warm start and the
+evaluations are outside it. Both run on this machine's CPU, one after the other, float32.
 
-What it does not cover: TRL with vLLM or on a GPU (both are CPU-only here); agents of more than
-one model call (TRL's `GRPOTrainer` samples one completion per prompt); TRL's defaults where they differ in kind (its loss is `dapo`,
-token-level, like forge-bridge's; it has no truncated importance sampling, which a local sampler
-does not need); other tasks, models and budgets.
+What it does not cover: TRL with vLLM or on a GPU (both are CPU-only here); agents of more than one
+model call (TRL's `GRPOTrainer` samples one completion per prompt); TRL's defaults where they
+differ in kind (its loss is `dapo`, token-level, like forge-bridge's; it has no truncated
+importance sampling, which a local sampler does not need); other tasks, models and budgets.
 """
 
 from __future__ import annotations
