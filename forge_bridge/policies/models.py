@@ -28,6 +28,10 @@ from typing import Any
 
 from forge_bridge.core.errors import ForgeBridgeError, InvalidArgument
 
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+
 @contextlib.contextmanager
 def peft_wrapping() -> Iterator[None]:
     """Wrap a model with peft inside this: peft asks the model `is_gradient_checkpointing`, which
@@ -36,10 +40,6 @@ def peft_wrapping() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         yield
-
-
-IM_START, IM_END = "<|im_start|>", "<|im_end|>"
-TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 
 
 @dataclass(frozen=True)

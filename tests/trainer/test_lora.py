@@ -41,7 +41,7 @@ def test_wrapping_with_peft_does_not_warn_of_the_libraries_own_deprecated_call()
     said = [str(w.message) for w in caught]
     assert not [m for m in said if "is_gradient_checkpointing" in m]
     assert "something else is deprecated" in said
-    with warnings.catch_warnings(record=True) as caught:  # the filter is the library's, not left behind
+    with warnings.catch_warnings(record=True) as caught:  # outside the wrap, the filter is gone
         warnings.simplefilter("always")
         models.tiny(seed=3)[0].is_gradient_checkpointing
     assert any("is_gradient_checkpointing" in str(w.message) for w in caught)
