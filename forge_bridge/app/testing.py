@@ -80,9 +80,10 @@ def teach_adapter(model: Any, tokenizer: Any, examples: Sequence[Example], path:
     """Train a LoRA (every linear layer) on a copy of `model` to give these replies and save it to `path`."""
     from peft import LoraConfig, get_peft_model
 
-    peft_model = get_peft_model(copy.deepcopy(model), LoraConfig(
-        r=rank, lora_alpha=2 * rank, target_modules="all-linear",
-        lora_dropout=0.0))
+    with models.peft_wrapping():
+        peft_model = get_peft_model(copy.deepcopy(model), LoraConfig(
+            r=rank, lora_alpha=2 * rank, target_modules="all-linear",
+            lora_dropout=0.0))
     teach(peft_model, tokenizer, examples, steps=steps, lr=lr, seed=seed)
     peft_model.save_pretrained(str(path))
     return Path(path)
