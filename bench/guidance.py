@@ -63,6 +63,8 @@ def main() -> None:
         summary = json.loads((Path(folder) / "results.json").read_text())
         cells[key] = {"held_out": summary["results"], "validation": summary["validation"],
                       "minutes": sum(summary["timings_s"].values()) / 60}
+    if args.add:  # kept with the cells run here, so the table shows them from now on
+        cells_path.write_text(json.dumps(cells, indent=1))
     for n in args.demos:
         for method in args.methods:
             for seed in args.seeds if not args.add else []:
