@@ -210,21 +210,18 @@ def teacher_guides(trainer: Any, needy: list[TrajectoryGroup], tasks: dict[str, 
 def teacher_logprobs(teacher: Policy, trajectories: Sequence[Trajectory]) -> tuple[dict[tuple[str, int], list[float]], int]:
     """The teacher's log-probability of every completion token of the policy's own steps:
     ((trajectory id, step) -> [C] log-probabilities, steps it could not score: recorded as
-    unscored, never as a zero). All in one `score_many` (batched where the backend can); when
-    that fails, step by step, so one step the teacher cannot score costs only that step."""
-    steps = [((t.id, k), step) for t in trajectories if t.behaviour == "policy"
-             for k, step in enumerate(t.transitions) if step.has_tokens]
-    try:
-        found = teacher.score_many([(step.prompt_token_ids, step.completion_token_ids) for _, step in steps])
-        return {key: logprobs for (key, _), logprobs in zip(steps, found)}, 0
-    except Exception:  # a timeout, an outage, a context too long: find the steps that fail
-        pass
+    unscored, never as a zero)."""
     scored, failed = {}, 0
-    for key, step in steps:
-        try:
-            scored[key] = teacher.score(step.prompt_token_ids, step.completion_token_ids)
-        except Exception:  # this step goes without
-            failed += 1
+    for t in trajectories:
+        if t.behaviour != "policy":
+            continue
+        for k, step in enumerate(t.transitions):
+            if not step.has_tokens:
+                continue
+            try:
+                scored[(t.id, k)] = teacher.score(step.prompt_token_ids, step.completion_token_ids)
+            except Exception:  # a timeout, an outage, a context too long: this step goes without
+                failed += 1
     return scored, failed
 
 

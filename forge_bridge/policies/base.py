@@ -22,7 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from forge_bridge.core.errors import AdapterError, InvalidArgument, Unsupported, WrongType
+from forge_bridge.core.errors import (
+    AdapterError,
+    InvalidArgument,
+    Unsupported,
+    WrongType,
+)
 from forge_bridge.core.types import Action
 
 DEFAULT_SLOT = "default"
@@ -237,23 +242,18 @@ class Policy(abc.ABC):
 
     def score(self, prompt_token_ids: Sequence[int], completion_token_ids: Sequence[int], *,
               slot: str = DEFAULT_SLOT) -> list[float]:
-        """log P(completion token k | the prompt and the completion's tokens before k), one per completion
-        token, under the version `slot` serves now, at temperature 1: a teacher's judgement of tokens another
-        policy sampled. A backend without token log-probabilities raises `Unsupported` (it can still act)."""
-        return self.score_many([(prompt_token_ids, completion_token_ids)], slot=slot)[0]
-
-    def score_many(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *,
-                   slot: str = DEFAULT_SLOT) -> list[list[float]]:
-        """`score` of each (prompt, completion) pair, in order, all under one version; a backend
-        that can batches them (the embedded policy: padded forward passes)."""
-        checked = [(list(prompt), list(completion)) for prompt, completion in pairs]
-        if not all(p and c and all(isinstance(t, int) and t >= 0 for t in p + c) for p, c in checked):
+        """log P(completion token k | the prompt and the completion tokens before k), one per
+        completion token, under the version `slot` serves now, at temperature 1: a teacher's
+        per-token judgement of tokens another policy sampled. A backend that gives no token
+        log-probabilities raises `Unsupported` (it can still teach by acting)."""
+        prompt, completion = list(prompt_token_ids), list(completion_token_ids)
+        if not prompt or not completion or not all(isinstance(t, int) and t >= 0 for t in prompt + completion):
             raise InvalidArgument("score: expected non-empty lists of token ids (ints >= 0) for the prompt and "
                                   "the completion")
         with self._use_current(slot) as adapter:
-            return self._score(checked, adapter) if checked else []
+            return self._score(prompt, completion, adapter)
 
-    def _score(self, pairs: list[tuple[list[int], list[int]]], adapter: str | None) -> list[list[float]]:
+    def _score(self, prompt: list[int], completion: list[int], adapter: str | None) -> list[float]:
         raise Unsupported(f"{type(self).__name__} gives no token log-probabilities: as a teacher it can act "
                           "(guide rollouts, relabelling) but not score the student's tokens (distillation)")
 

@@ -184,19 +184,21 @@ class LocalPolicy(Policy):
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _score(self, pairs: list[tuple[list[int], list[int]]], adapter: str | None) -> list[list[float]]:
-        """Padded forward passes over prompt + completion with `adapter` (peft's per-row adapter
-        names, so the batching worker's own choice of adapter is left alone): `scoring`."""
-        from forge_bridge.policies.scoring import completion_logprobs
+    def _score(self, prompt: list[int], completion: list[int], adapter: str | None) -> list[float]:
+        """One forward pass over prompt + completion with `adapter` (peft's per-row adapter
+        names, so the batching worker's own choice of adapter is left alone)."""
+        import torch
 
-        for prompt, completion in pairs:
-            if len(prompt) + len(completion) > self.max_context:
-                raise ContextLengthExceeded(f"score: {len(prompt) + len(completion)} tokens do not fit the model's "
-                                            f"context of {self.max_context} tokens")
-        model = self._peft if self._peft is not None else self.model
-        name = None if self._peft is None else self._pool.name_of(adapter) or BASE
-        return completion_logprobs(model, pairs, pad_id=self.pad_id, device=self.device, lock=self._model_lock,
-                                   names=lambda n: {} if name is None else {"adapter_names": [name] * n})
+        if len(prompt) + len(completion) > self.max_context:
+            raise ContextLengthExceeded(f"score: {len(prompt) + len(completion)} tokens do not fit the model's "
+                                        f"context of {self.max_context} tokens")
+        ids = torch.tensor([prompt + completion], device=self.device)
+        with self._model_lock, torch.inference_mode():
+            model = self._peft if self._peft is not None else self.model
+            extra = {} if self._peft is None else {"adapter_names": [self._pool.name_of(adapter) or BASE]}
+            logits = model(input_ids=ids, **extra).logits[0, len(prompt) - 1:-1].float()  # [C, V]
+        taken = torch.tensor(completion, device=logits.device)[:, None]
+        return torch.log_softmax(logits, -1).gather(-1, taken)[:, 0].cpu().tolist()
 
     # ------------------------------------------------------------------ the batching worker
     def _decoder(self, prefixes: PrefixCache | None = None) -> Decoder:

@@ -8,9 +8,8 @@ import json
 import pytest
 
 import forge_bridge as fb
-from forge_bridge.core.errors import ContextLengthExceeded, InvalidArgument, PolicyUnavailable, Unsupported
-from forge_bridge.core.types import Action, Observation, Trajectory, Transition
-from forge_bridge.policies import models, scoring
+from forge_bridge.core.errors import InvalidArgument, PolicyUnavailable, Unsupported
+from forge_bridge.policies import models
 from forge_bridge.app import testing
 from forge_bridge.app.inspector import pages
 from forge_bridge.app.inspector.data import RunView
@@ -45,7 +44,7 @@ class Unreachable(fb.ScriptedPolicy):
     def _chat(self, messages, tools, sampling, adapter):
         raise PolicyUnavailable("the teacher timed out after 1 s")
 
-    def _score(self, pairs, adapter):
+    def _score(self, prompt, completion, adapter):
         raise PolicyUnavailable("the teacher timed out after 1 s")
 
 
@@ -186,62 +185,6 @@ def test_local_score_is_the_log_probability_the_policy_samples_with(taught_model
             policy.score(out.prompt_token_ids, [])
     finally:
         policy.close()
-
-
-def test_local_score_many_is_each_pair_scored_alone_in_passes_of_a_token_budget(taught_model_dir, adapter_dirs,
-                                                                                monkeypatch):
-    policy = fb.LocalPolicy(str(taught_model_dir))
-    try:
-        out = policy.chat(testing.ASK, [testing.ADD_TOOL], temperature=1.0, seed=3)
-        prompt, completion = out.prompt_token_ids, out.completion_token_ids
-        pairs = [(prompt, completion), (prompt[7:], completion[:3]), (prompt + completion[:2], completion[2:])]
-        monkeypatch.setattr(scoring, "PASS_TOKENS", 2 * (len(prompt) + len(completion)))  # two rows a pass
-        assert len(scoring.passes([len(p) + len(c) for p, c in pairs])) == 2
-        for version in (None, "v1"):
-            if version:
-                policy.load_adapter(adapter_dirs["v1"], "v1")
-            alone = [policy.score(p, c) for p, c in pairs]
-            assert [len(a) for a in alone] == [len(c) for _, c in pairs]
-            batched = policy.score_many(pairs)
-            for mine, theirs in zip(batched, alone):
-                assert mine == pytest.approx(theirs, abs=1e-4)
-        assert alone[0] != pytest.approx(out.completion_logprobs, abs=1e-2)  # the adapter's, not the base's
-        assert policy.score_many([]) == []
-        with pytest.raises(InvalidArgument, match="non-empty lists of token ids"):
-            policy.score_many([(prompt, completion), (prompt, [])])
-    finally:
-        policy.close()
-
-
-def test_passes_fill_each_forward_pass_up_to_the_budget_shortest_rows_first():
-    # sorted: 3 (row 1), 4 (row 3), 5 (row 0), 9 (row 2); a pass is its rows x its longest
-    assert scoring.passes([5, 3, 9, 4], budget=12) == [[1, 3], [0], [2]]  # 2 x 4 = 8; 3 x 5 = 15 > 12
-    assert scoring.passes([5, 3, 9, 4], budget=36) == [[1, 3, 0, 2]]  # 4 x 9 = 36
-    assert scoring.passes([20, 2], budget=12) == [[1], [0]]  # longer than the budget: alone
-    assert scoring.passes([]) == []
-
-
-def test_a_step_the_teacher_cannot_score_costs_only_that_step(taught_model_dir):
-    class Picky(fb.ScriptedPolicy):
-        """Scores any batch, unless a prompt in it is longer than 3 tokens."""
-
-        def _score(self, pairs, adapter):
-            if any(len(prompt) > 3 for prompt, _ in pairs):
-                raise ContextLengthExceeded("4 tokens do not fit the teacher's context of 3")
-            return [[-1.0] * len(completion) for _, completion in pairs]
-
-    def step(prompt, completion):
-        return Transition(observation=Observation(messages=[{"role": "user", "content": "q"}]), action=Action(content="a"),
-                          prompt_token_ids=prompt, completion_token_ids=completion,
-                          completion_logprobs=[-0.5] * len(completion))
-
-    short = Trajectory(transitions=[step([1, 2], [7, 8]), step([1, 2, 7, 8, 3], [9])])
-    guide = Trajectory(transitions=[step([1, 2, 3, 4, 5], [6])], behaviour="guide")  # never scored
-    teacher = Picky(lambda m, t: "x", models.load_tokenizer(taught_model_dir))
-    scored, unscored = teacher_logprobs(teacher, [short, guide])
-    assert scored == {(short.id, 0): [-1.0, -1.0]} and unscored == 1
-    scored, unscored = teacher_logprobs(teacher, [Trajectory(transitions=[step([1], [2])]), guide])
-    assert list(scored.values()) == [[-1.0]] and unscored == 0
 
 
 def test_vllm_score_equals_local_score_on_the_same_weights(taught_model_dir, vllm_server):
