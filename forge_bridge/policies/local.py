@@ -29,6 +29,7 @@ from forge_bridge.policies.base import Policy, PolicyOutput, Sampling
 from forge_bridge.policies.decoding import BASE, Decoder, PrefixCache
 from forge_bridge.policies.device import bf16_supported, resolve_device
 from forge_bridge.policies.messages import normalize_messages
+from forge_bridge.policies.scoring import completion_logprobs
 from forge_bridge.policies.toolcalls import FORMAT_MARKERS, OPENINGS, PARSERS, detect_format, parse
 
 __all__ = ["LocalPolicy", "bf16_supported"]
@@ -87,7 +88,8 @@ class LocalPolicy(Policy):
         where the device computes it fast, else fp32. `tool_format`: how replies are parsed for
         tool calls ('hermes', 'llama3_json', 'mistral'; 'auto': from the chat template).
         `max_batch`: most calls decoding at once. `prefix_cache_tokens`: KV of finished calls
-        kept for the next call that extends one (the next step of an episode); 0: none.
+        kept for the next call that extends one (the next step of an episode), and as many of
+        scored sequences for the next `score` that starts alike; 0: none.
         `continuous_batching=False`: a call waits for the running batch to end (for comparison).
         `threads`: CPU threads of the decoding worker's ops (None: all but one of torch's, so
         the agents' own Python -- tools, templates, the framework -- keeps a core: on 2 cores
@@ -116,6 +118,8 @@ class LocalPolicy(Policy):
         self.threads = threads or max(1, torch.get_num_threads() - 1)
         """Intra-op threads of the decoding worker."""
         self._prefixes = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+        self._scored = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+        """KV of scored sequences, for the next `score` that starts alike (`scoring`)."""
         self._pool = AdapterPool(spare=keep_versions + 1)
         """LoRA buffers reused across versions of one shape: a swap copies weights (`adapter_pool`)."""
         self.continuous_batching = bool(continuous_batching)
@@ -185,20 +189,21 @@ class LocalPolicy(Policy):
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _score(self, prompt: list[int], completion: list[int], adapter: str | None) -> list[float]:
-        """One forward pass over prompt + completion with `adapter` (peft's per-row adapter
-        names, so the batching worker's own choice of adapter is left alone)."""
+        """One forward pass over what no earlier scored sequence covers (`scoring`), with
+        `adapter` (peft's per-row adapter names: the batching worker's own choice is left alone)."""
         import torch
 
         if len(prompt) + len(completion) > self.max_context:
             raise ContextLengthExceeded(f"score: {len(prompt) + len(completion)} tokens do not fit the model's "
                                         f"context of {self.max_context} tokens")
-        ids = torch.tensor([prompt + completion], device=self.device)
         with self._model_lock, torch.inference_mode():
             model = self._peft if self._peft is not None else self.model
             extra = {} if self._peft is None else {"adapter_names": [self._pool.name_of(adapter) or BASE]}
-            logits = model(input_ids=ids, **extra).logits[0, len(prompt) - 1:-1].float()  # [C, V]
-        taken = torch.tensor(completion, device=logits.device)[:, None]
-        return torch.log_softmax(logits, -1).gather(-1, taken)[:, 0].cpu().tolist()
+            scores, reusable = completion_logprobs(model, prompt, completion, device=self.device, adapter=adapter,
+                                                   prefixes=self._scored, extra=extra)
+            if not reusable:
+                self._scored = None
+        return scores
 
     # ------------------------------------------------------------------ the batching worker
     def _decoder(self, prefixes: PrefixCache | None = None) -> Decoder:
@@ -372,8 +377,9 @@ class LocalPolicy(Policy):
                 if remaining:  # peft refuses to delete the active adapter while others exist
                     self._peft.set_adapter(remaining[-1])
                     self._peft.delete_adapter(version)
-            if self._prefixes is not None:
-                self._prefixes.forget(version)
+            for cache in (self._prefixes, self._scored):
+                if cache is not None:
+                    cache.forget(version)
 
     def close(self) -> None:
         if not self._closed:

@@ -187,6 +187,24 @@ def test_local_score_is_the_log_probability_the_policy_samples_with(taught_model
         policy.close()
 
 
+def test_local_scores_of_sequences_that_start_alike_reuse_the_kv_and_equal_whole_passes(taught_model_dir):
+    cached, whole = fb.LocalPolicy(str(taught_model_dir)), fb.LocalPolicy(str(taught_model_dir), prefix_cache_tokens=0)
+    try:  # a group's first steps (one prompt, three completions), then one's next step extending it
+        outs = [cached.chat(testing.ASK, [testing.ADD_TOOL], temperature=1.0, seed=s) for s in (1, 2, 3)]
+        first = outs[0]
+        later = list(first.prompt_token_ids) + list(first.completion_token_ids) + list(outs[1].prompt_token_ids[-5:])
+        pairs = [(o.prompt_token_ids, o.completion_token_ids) for o in outs] + [(later, outs[2].completion_token_ids)]
+        for prompt, completion in pairs:
+            reuse = cached._scored.match(None, list(prompt))
+            assert cached.score(prompt, completion) == pytest.approx(whole.score(prompt, completion), abs=1e-4)
+            if prompt is not first.prompt_token_ids:  # every later one starts from an earlier one's KV
+                assert reuse is not None and reuse[0] >= len(first.prompt_token_ids) - 1
+        assert len(cached._scored) == 4 and whole._scored is None
+    finally:
+        cached.close()
+        whole.close()
+
+
 def test_vllm_score_equals_local_score_on_the_same_weights(taught_model_dir, vllm_server):
     local, remote = fb.LocalPolicy(str(taught_model_dir)), fb.VLLMPolicy(vllm_server.base_url)
     try:
