@@ -39,8 +39,10 @@ def test_grpo_trains_an_agent_process_through_the_gateway(choice_model_dir, tmp_
     torch.manual_seed(0)
     policy = fb.LocalPolicy(choice_model_dir)
     before = first_moves(policy)
-    # one process at a time: each call is then a batch of its own and the run is the same every time
-    config = fb.GRPOConfig(group_size=8, lr=3e-3, epochs=2, lora_rank=8, lora_alpha=16, concurrency=1,
+    # two processes at a time: most of a process's second is its Python and SDK import, which then
+    # overlap (170 -> 100 s on 2026-12-06); each call samples with its own seed, and the run came out
+    # the same as one process at a time, on two runs (a call that joins another's batch may round apart)
+    config = fb.GRPOConfig(group_size=8, lr=3e-3, epochs=2, lora_rank=8, lora_alpha=16, concurrency=2,
                            out_dir=str(tmp_path / "run"), run_name="proc", progress=False, seed=0)
     trainer = fb.GRPOTrainer(policy, config)
     with CommandRollout([sys.executable, AGENT, "{task_json}"], policy, timeout_s=120) as rollout:
