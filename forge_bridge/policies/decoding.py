@@ -93,6 +93,14 @@ class PrefixCache:
         return len(self._entries)
 
 
+def reusable(layers: list) -> bool:
+    """Whether every layer of a transformers cache grows plainly, one column a token (no sliding
+    window), so its KV can be cut by column, padded and reused later."""
+    from transformers.cache_utils import DynamicLayer
+
+    return all(type(layer) is DynamicLayer for layer in layers)
+
+
 class Decoder:
     """The running batch of one model (`model_for()` gives the model to call: plain or peft)."""
 
@@ -196,9 +204,7 @@ class Decoder:
     def _keep_prefixes(self, rows: list[Row], cache: Any, mask: Any) -> None:
         """Keep the KV of the rows that just ended (their fed tokens are the unmasked columns
         of their cache row) for a later call that extends them."""
-        from transformers.cache_utils import DynamicLayer
-
-        if self.joinable and any(type(layer) is not DynamicLayer for layer in cache.layers):
+        if self.joinable and not reusable(cache.layers):
             self.joinable = False  # sliding windows: no padding tricks, no reuse
             self.prefixes = None
         if self.prefixes is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from forge_bridge.policies.decoding import PrefixCache
+from forge_bridge.policies.decoding import PrefixCache, reusable
 
 
 def completion_logprobs(model: Any, prompt: list[int], completion: list[int], *, device: str, adapter: str | None,
@@ -22,7 +22,6 @@ def completion_logprobs(model: Any, prompt: list[int], completion: list[int], *,
     keep being used). `extra`: keyword arguments of the forward pass (peft's adapter names)."""
     import torch
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
 
     ids = prompt + completion
     hit = prefixes.match(adapter, prompt) if prefixes is not None else None  # leaves prompt[-1] to feed
@@ -38,7 +37,7 @@ def completion_logprobs(model: Any, prompt: list[int], completion: list[int], *,
     if prefixes is None:
         return scores, False
     layers = out.cache.layers
-    if any(type(layer) is not DynamicLayer for layer in layers):  # sliding windows: no reuse
+    if not reusable(layers):  # sliding windows
         return scores, False
     prefixes.put(adapter, ids, [(layer.keys, layer.values) for layer in layers])
     return scores, True

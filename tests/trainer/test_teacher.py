@@ -233,3 +233,25 @@ def test_train_from_the_command_line_with_a_teacher_adapter(taught_model_dir, ad
     # the same base with the v1 LoRA: it acts through the agent (a guide), scores, and relabels
     assert m["guide_trajectories"] == 1 and m["distill_unscored_steps"] == 0 and "distill_log_ratio" in m
     assert m["relabel_samples"] >= 1 and m["relabel_faults"] == 0
+
+
+def test_a_model_with_sliding_window_layers_is_scored_whole_and_its_kv_not_kept():
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from forge_bridge.policies.decoding import PrefixCache
+    from forge_bridge.policies.scoring import completion_logprobs
+
+    torch.manual_seed(0)  # a tiny random Gemma 3: one sliding-window layer of 4 tokens, one full
+    config = Gemma3TextConfig(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"], sliding_window=4,
+                              hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
+                              head_dim=8, vocab_size=64)
+    model = Gemma3ForCausalLM(config).eval()
+    prompt, completion = list(range(3, 23)), [7, 9, 11, 13]
+    prefixes = PrefixCache(1024)
+    with torch.no_grad():
+        scores, reusable = completion_logprobs(model, prompt, completion, device="cpu", adapter=None, prefixes=prefixes)
+        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1]
+    whole = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(completion)[:, None])[:, 0].tolist()
+    assert not reusable and len(prefixes) == 0  # the policy then stops keeping scored KV
+    assert scores == pytest.approx(whole, abs=1e-5)
