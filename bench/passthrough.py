@@ -90,6 +90,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=200)
     ap.add_argument("--serve-stub", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="the student whose tokens the gateway "
+                    "records in: a named model (forge-bridge fetch --list) or a model directory")
     args = ap.parse_args()
     if args.serve_stub:
         return serve_stub(args.serve_stub)
@@ -103,7 +105,7 @@ def main() -> None:
         stub = subprocess.Popen([sys.executable, __file__, "--serve-stub", str(stub_port)])
         spy = os.environ.get("BENCH_PROFILE_GATEWAY")  # e.g. "py-spy record -o gateway.svg --": a profiler's command
         served = subprocess.Popen([*(spy.split() if spy else []), sys.executable, "-m", "forge_bridge.app.cli", "gateway", "--upstream", upstream,
-                                   "--model", "smollm2-135m-instruct", "--store", str(Path(tmp) / "t.db"),
+                                   "--model", args.model, "--store", str(Path(tmp) / "t.db"),
                                    "--port", str(gateway_port), "--token", token], stdout=subprocess.DEVNULL)
         try:
             ready(upstream.removesuffix("/v1") + "/health", stub)

@@ -131,6 +131,8 @@ def main() -> None:
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM backend")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--agents", default="8,32", help="agent counts for section 2")
+    parser.add_argument("--model", default="smollm2-135m-instruct",
+                        help="a named model (forge-bridge fetch --list) or a model directory")
     args = parser.parse_args()
     counts = [int(n) for n in args.agents.split(",")]
 
@@ -142,7 +144,7 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="forge-bench-"))
     model_dir = (testing.taught_tiny_model(tmp / "tiny") if args.tiny
-                 else models.model_path("smollm2-135m-instruct"))
+                 else models.model_path(args.model))
     model, _ = models.load(str(model_dir))  # for making adapters; each policy loads its own copy
     adapters = [random_adapter(model, tmp / f"adapter{i}", seed=i) for i in range(6)]
     rows = []

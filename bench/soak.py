@@ -142,9 +142,11 @@ def main() -> None:
     parser.add_argument("--overhead-calls", type=int, default=500, help="calls per side in the overhead phase")
     parser.add_argument("--fault-rate", type=float, default=0.03, help="probability of each fault kind per call")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="whose tokenizer makes the token "
+                        "ids: a named model (forge-bridge fetch --list) or a model directory")
     args = parser.parse_args()
 
-    _, tokenizer = models.load("smollm2-135m-instruct")  # the real tokenizer: real token ids
+    _, tokenizer = models.load(args.model)  # the real tokenizer: real token ids
     overhead(tokenizer, args.overhead_calls)
     policy = FaultyExpert(tokenizer, args.fault_rate, args.seed)
     store_dir = Path(tempfile.mkdtemp(prefix="forge-soak-"))

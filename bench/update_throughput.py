@@ -131,13 +131,15 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--minibatch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", default="smollm2-135m-instruct",
+                        help="a named model (forge-bridge fetch --list) or a model directory")
     args = parser.parse_args()
 
     from forge_bridge.policies import models
     from forge_bridge.policies.local import bf16_supported
 
     torch.manual_seed(0)
-    name = "smollm2-135m-instruct"
+    name = args.model
     if args.tiny:
         name = str(models.save(*models.tiny(), tempfile.mkdtemp() + "/tiny"))
     model, tokenizer = models.load(name)

@@ -231,8 +231,22 @@ def read_back(recorder: Recorder, run_id: str, jobs: list[Job], opened: list[str
         "episodes_lost": len(lost),
         "reward_mean": mean, "reward_std": std,
         "success_rate": sum(r >= success_threshold for r in rewards) / len(rewards) if rewards else 0.0,
-        **{f"success/{kind}": sum(ok) / len(ok) for kind, ok in sorted(by_kind.items())}}
+        **{f"success/{kind}": sum(ok) / len(ok) for kind, ok in sorted(by_kind.items())},
+        **{f"calls/{name}": share for name, share in call_formats(trained).items()}}
 
 
-__all__ = ["EpisodeRunner", "field_of", "Job", "Outcome", "Rollout", "RolloutError", "TaskSchedule", "check_outcomes",
+def call_formats(trajectories: list[Trajectory]) -> dict[str, float]:
+    """The share of each format among the steps whose tool calls were read (`Action.call_format`),
+    with `malformed` for steps that tried to call and none could be read."""
+    counts: dict[str, int] = {}
+    for traj in trajectories:
+        for step in traj.transitions:
+            name = step.action.call_format or ("malformed" if step.action.malformed else "")
+            if name:
+                counts[name] = counts.get(name, 0) + 1
+    total = sum(counts.values())
+    return {name: n / total for name, n in sorted(counts.items())}
+
+
+__all__ = ["EpisodeRunner", "call_formats", "field_of", "Job", "Outcome", "Rollout", "RolloutError", "TaskSchedule", "check_outcomes",
            "check_reward", "collect", "read_back", "episode_metadata", "run_episode", "run_threaded", "task_id_of", "tasks_for"]

@@ -79,13 +79,17 @@ class RunLog:
 
 
 def summary_line(metrics: dict) -> str:
-    """One iteration in a line: reward, success (per kind when the tasks have one), the share of
-    groups with no reward spread, and a warning when no group had any signal."""
+    """One iteration in a line: reward, success (per kind when the tasks have one), the format the
+    tool calls were read in, the share of groups with no reward spread, and a warning when no group
+    had any signal."""
     parts = [f"iteration {metrics['iteration']}: reward {metrics.get('reward_mean', 0.0):.2f}",
              f"success {metrics.get('success_rate', 0.0):.0%}"]
     kinds = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("success/")}
     if kinds:
         parts[-1] += " (" + ", ".join(f"{kind} {v:.0%}" for kind, v in kinds.items()) + ")"
+    calls = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("calls/")}
+    if calls:
+        parts.append("calls read as " + ", ".join(f"{name} {v:.0%}" for name, v in calls.items()))
     shares = {k: v for k, v in metrics.items() if k.endswith("zero_signal_share")}
     if shares:
         parts.append("no-spread groups " + ", ".join(f"{v:.0%}" for v in shares.values()))

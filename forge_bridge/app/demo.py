@@ -145,10 +145,12 @@ def run(config: DemoConfig = DemoConfig(), progress: bool = True) -> dict:
     demo.evaluate("base", "eval-base", f"evaluating the base model on {len(demo.held_out)} held-out and "
                   f"{len(demo.validation)} validation tasks (greedy)")
     trainer, sft = demo.warm_start()
-    demo.evaluate("SFT", "eval-sft", "evaluating after SFT (same agent object, now on the SFT adapter)")
+    if config.sft_epochs:
+        demo.evaluate("SFT", "eval-sft", "evaluating after SFT (same agent object, now on the SFT adapter)")
     if config.rl_iterations:
         demo.reinforce(trainer)
-        demo.evaluate("SFT+RL", "eval-rl", "evaluating after SFT+RL")
+        label = "SFT+RL" if config.sft_epochs else "RL"
+        demo.evaluate(label, "eval-rl", f"evaluating after {label}")
     trainer.close()
     return demo.finish(sft)
 
@@ -221,6 +223,9 @@ class DemoRun:
             guidance=None if config.guide == "none" else fb.Guidance(k=config.guide_k, source=config.guide,
                                                                      shaping=config.guide_shaping)),
             recorder=fb.Recorder(store))  # episodes: the run id
+        if not config.sft_epochs:  # GRPO from the base model; its KL reference is the base
+            self.timings["demos"] = time.perf_counter() - t
+            return trainer, {"sft_demonstrations": 0}
         warm = sft(trainer, demos, SFTConfig(epochs=config.sft_epochs, lr=config.sft_lr, batch_size=8))
         print(f"  SFT on {warm['sft_demonstrations']} episodes: loss {warm['sft_loss_first']:.3f} -> "
               f"{warm['sft_loss_last']:.3f}; published {warm['adapter']} to the live agent")

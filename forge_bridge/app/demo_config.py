@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from forge_bridge.app.tasks import BRIDGE_KINDS, KINDS_ORDER, MULTI_STEP_KINDS
 from forge_bridge.core.errors import InvalidArgument
 
-_MAY_BE_ZERO = ("seed", "rl_iterations", "rl_warmup_steps")
+_MAY_BE_ZERO = ("seed", "sft_epochs", "rl_iterations", "rl_warmup_steps")
 
 
 @dataclass(frozen=True)
@@ -15,7 +15,7 @@ class DemoConfig:
     """Settings of the demo pipeline (the defaults are the measured `make demo`)."""
 
     model: str = "smollm2-135m-instruct"
-    """Embedded model name or a local model directory."""
+    """A named model (`forge-bridge fetch --list`) or a local model directory."""
     out_dir: str = "runs/demo"
     """Run folder: trajectories, adapters, metrics, TensorBoard logs, reward_curve.png."""
     seed: int = 0
@@ -32,7 +32,8 @@ class DemoConfig:
     draws from all of them; the guides teach the rest); None: all. Bridge kinds are not limited."""
     sft_epochs: int = 3
     """Passes over the demonstrations (chosen on the validation split among 1, 2 and 3 epochs:
-    docs/experiments/demo.md)."""
+    docs/experiments/demo.md); 0: no warm start, GRPO from the base model (one that already calls
+    tools, such as qwen2.5-coder-0.5b-instruct)."""
     sft_lr: float = 1e-3
     """SFT learning rate."""
     rl_iterations: int = 8
@@ -117,6 +118,9 @@ class DemoConfig:
         if self.multi_step_demos == 0 and set(self.demonstrate) <= set(MULTI_STEP_KINDS):
             raise InvalidArgument(f"DemoConfig: nothing to demonstrate: demonstrate={self.demonstrate!r} names only "
                                   "multi-step kinds and multi_step_demos=0")
+        if self.sft_epochs == 0 and self.guide == "teacher" and self.distill_beta > 0:
+            raise InvalidArgument("DemoConfig: the teacher adapter is trained by SFT: with sft_epochs=0 use "
+                                  "guide='demonstrations' or 'none', or distill_beta=0")
         if self.baseline not in ("group", "batch"):
             raise InvalidArgument(f"DemoConfig.baseline: expected 'group' or 'batch', got {self.baseline!r}")
         if self.gamma > 1:

@@ -74,7 +74,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             server = _vllm_server(args, config)
             print(f"starting vLLM on {server.model} (log: {server.log_path}) ...", flush=True)
             server.start()
-            policy = fb.VLLMPolicy(server.base_url, tool_format=server.tool_parser)
+            policy = fb.VLLMPolicy(server.base_url, tool_format=args.tool_format or "auto")
         else:
             policy = fb.LocalPolicy(args.model, device=config.device, tool_format=args.tool_format or "auto")
         return _train(args, policy, config, make_rollout, tasks)
@@ -174,7 +174,7 @@ def _vllm_server(args: argparse.Namespace, config):
     if rank is None:
         raise InvalidArgument(f"--lora-rank {config.lora_rank}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}")
     shared_gpu = torch.cuda.is_available() and resolve_device(config.device).startswith("cuda")
-    return VLLMServer(model_dir, max_lora_rank=rank, tool_parser=args.tool_format or _template_format(model_dir),
+    return VLLMServer(model_dir, max_lora_rank=rank, tool_parser=_template_format(model_dir),
                       reasoning_parser=args.reasoning_parser, max_model_len=args.max_model_len,
                       extra_args=["--gpu-memory-utilization", "0.45"] if shared_gpu else [])
 

@@ -52,7 +52,9 @@ class Action:
     `parse_errors` keeps malformed tool calls the model wrote (as text plus the reason) so a bad
     call is recorded as such rather than lost or raised into the agent. `reasoning` is a thinking
     block the model wrote before its answer (`<think>...</think>`), kept out of `content` and of
-    the tool-call parse; its tokens stay in the completion like every other.
+    the tool-call parse; its tokens stay in the completion like every other. `call_format` is the
+    format the tool calls were read from (`hermes`, `fenced_json`, `json`, `tool_code`,
+    `llama3_json`, `mistral`; empty when there are none, or for a step recorded before it existed).
     """
 
     content: str = ""
@@ -60,6 +62,7 @@ class Action:
     finish_reason: str | None = None
     parse_errors: list[dict] = field(default_factory=list)
     reasoning: str = ""
+    call_format: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.content, str):
@@ -75,6 +78,8 @@ class Action:
             raise validate.fail("Action.parse_errors", "a list of objects", self.parse_errors)
         if not isinstance(self.reasoning, str):
             raise validate.fail("Action.reasoning", "a string", self.reasoning)
+        if not isinstance(self.call_format, str):
+            raise validate.fail("Action.call_format", "a string", self.call_format)
 
     @property
     def malformed(self) -> bool:
@@ -86,6 +91,8 @@ class Action:
                "finish_reason": self.finish_reason, "parse_errors": self.parse_errors}
         if self.reasoning:
             out["reasoning"] = self.reasoning
+        if self.call_format:
+            out["call_format"] = self.call_format
         return out
 
     @classmethod
@@ -94,7 +101,7 @@ class Action:
             raise validate.fail("Action", "an object", data)
         return cls(content=data.get("content") or "", tool_calls=data.get("tool_calls") or [],
                    finish_reason=data.get("finish_reason"), parse_errors=data.get("parse_errors") or [],
-                   reasoning=data.get("reasoning") or "")
+                   reasoning=data.get("reasoning") or "", call_format=data.get("call_format") or "")
 
 
 @dataclass

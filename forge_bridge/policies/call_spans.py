@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Collection, Mapping, Sequence
 
 from forge_bridge.core.errors import InvalidArgument
-from forge_bridge.policies.toolcalls import TOOL_CALL_BLOCK, parse_call, split_reasoning
+from forge_bridge.policies.tagged import TOOL_CALL_BLOCK, parse_call
+from forge_bridge.policies.toolcalls import split_reasoning
 
 _DECODER = json.JSONDecoder()
 

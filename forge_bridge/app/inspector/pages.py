@@ -81,6 +81,11 @@ def index(view: RunView) -> str:
     charts = [line_chart(title, {key: [(m["iteration"], float(m[key])) for m in metrics
                                        if isinstance(m.get(key), (int, float))] for key in keys}, marks=marks)
               for title, keys in CURVES]
+    formats = sorted({k for m in metrics for k in m if k.startswith("calls/")})
+    if formats:
+        charts.append(line_chart("tool calls read, by format (share of calling steps)",
+                                 {k.split("/", 1)[1]: [(m["iteration"], float(m.get(k, 0.0))) for m in metrics]
+                                  for k in formats}, y_range=(0, 1)))
     run_id = view.training_run_id()
     if run_id:
         by_kind = view.store.success_by_kind(run_id)
@@ -165,8 +170,10 @@ def _message(m: dict) -> str:
 
 
 def _reply(action: Action) -> str:
+    read = (f"<p class='muted call-format'>calls read from: {html.escape(action.call_format)}</p>"
+            if action.call_format else "")
     return _message({"role": "assistant", "content": action.content,
-                     "tool_calls": [c.to_openai() for c in action.tool_calls]})
+                     "tool_calls": [c.to_openai() for c in action.tool_calls]}) + read
 
 
 def _background(colouring: str, logprob: float | None, trained: bool, advantage: float | None, scale: float,

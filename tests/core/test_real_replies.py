@@ -1,0 +1,30 @@
+"""The parser on real models' own replies: every reply each model available here wrote, greedy,
+through a LangChain agent on public BFCL requests (`bench/real_models.py --fixtures`), with the
+calls each reply holds read independently and loosely (`held`: any JSON object naming the offered
+function, or a Python call of it, anywhere in the reply)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from forge_bridge.policies.toolcalls import parse
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "replies"
+REPLIES = [(path.stem, json.loads(line)) for path in sorted(FIXTURES.glob("*.jsonl"))
+           for line in path.read_text().splitlines() if line.strip()]
+IN_PROSE = {"a call written in prose, outside any fence: a code sample, not a call"}
+
+
+def test_every_model_has_replies():
+    assert {model for model, _ in REPLIES} >= {"smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"}
+
+
+@pytest.mark.parametrize("model, record", REPLIES, ids=[f"{m}-{r['id']}" for m, r in REPLIES])
+def test_a_reply_is_read_as_the_calls_it_holds(model, record):
+    action = parse(record["reply"], record["finish_reason"], tools=record["tools"])
+    got = [[c.name, json.loads(c.arguments)] for c in action.tool_calls]
+    if record.get("label") in IN_PROSE or not record["held"]:
+        assert got == [], "a reply that holds no call (or only one in prose) became a call"
+    else:
+        assert got == record["held"], f"read {got} from a reply holding {record['held']}"
