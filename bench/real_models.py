@@ -51,10 +51,12 @@ def build_agent(policy, tool: dict):
         policy, temperature=0.0, max_tokens=MAX_TOKENS, max_model_calls=2)])
 
 
-def held_calls(text: str, names: list[str]) -> list[tuple[str, object]]:
-    """The calls a reply holds, read loosely: every JSON object in it naming one of `names` (keys
-    `name` + `arguments`/`parameters`; not a tool's schema, which has a `description`), else every
-    Python call of one of them, anywhere."""
+def held_calls(text: str, names: list[str]) -> tuple[list[tuple[str, object]], str]:
+    """The calls a reply holds, read loosely, and where: every JSON object in it naming one of
+    `names` (keys `name` + `arguments`/`parameters`; not a tool's schema, which has a
+    `description`): 'json'; else every Python call of one of them in a `tool_code` fence or as the
+    whole reply: 'python'; else one anywhere else (prose, a Python code sample, a `def`):
+    'prose', which the parser must leave as text."""
     found, decoder = [], json.JSONDecoder()
     for match in re.finditer(r"\{", text):
         try:
@@ -70,13 +72,14 @@ def held_calls(text: str, names: list[str]) -> list[tuple[str, object]]:
                     pass
             found.append((value["name"], args))
     if found:
-        return found
+        return found, "json"
     for name in names:
         for match in re.finditer(rf"\b{re.escape(name)}\s*\(", text):
             call = _python_call_at(text, match.start(), name)
             if call is not None:
                 found.append(call)
-    return found
+    code = re.fullmatch(r"\s*(?:```tool_code\s*\n)?(?:print\()?[\w.]+\(.*\)\)?\s*(?:```)?\s*", text, re.DOTALL)
+    return found, ("python" if code else "prose") if found else ""
 
 
 def _python_call_at(text: str, start: int, name: str) -> tuple[str, object] | None:
@@ -115,7 +118,7 @@ def run_model(name: str, tasks: list, concurrency: int) -> tuple[list[dict], flo
                 "finish_reason": step.action.finish_reason, "call_format": step.action.call_format,
                 "calls": [(c.name, json.loads(c.arguments)) for c in step.action.tool_calls],
                 "parse_errors": len(step.action.parse_errors),
-                "held": held_calls(raw, [task.tool["function"]["name"]])}
+                **dict(zip(("held", "held_in"), held_calls(raw, [task.tool["function"]["name"]])))}
 
     start = time.time()
     with ThreadPoolExecutor(concurrency) as pool:
@@ -132,14 +135,16 @@ def summarise(records: list[dict], tasks: dict) -> dict:
     for r in records:
         key = r["call_format"] or ("malformed" if r["parse_errors"] else "text")
         formats[key] = formats.get(key, 0) + 1
-    holding = [r for r in records if r["held"]]
+    holding = [r for r in records if r["held"] and r["held_in"] != "prose"]
     simple = [r for r in records if tasks[r["id"]].answer is not None]
     return {
         "replies": len(records), "formats": {k: v / len(records) for k, v in sorted(formats.items())},
         "holding": len(holding), "read": sum(bool(r["calls"]) for r in holding) / max(len(holding), 1),
-        "false_calls": sum(bool(r["calls"]) for r in records if not r["held"]),
+        "false_calls": sum(bool(r["calls"]) for r in records if r not in holding),
+        "in_prose": sum(r["held_in"] == "prose" for r in records),
         "exact_forge": sum(check_call(tasks[r["id"]], r["calls"]) for r in simple) / max(len(simple), 1),
-        "exact_held": sum(check_call(tasks[r["id"]], [tuple(c) for c in r["held"]]) for r in simple)
+        "exact_held": sum(check_call(tasks[r["id"]], [tuple(c) for c in r["held"]] if r in holding else [])
+                          for r in simple)
         / max(len(simple), 1),
         "irrelevance_no_call": sum(not r["calls"] for r in records if tasks[r["id"]].answer is None)
         / max(len(records) - len(simple), 1),
@@ -147,12 +152,13 @@ def summarise(records: list[dict], tasks: dict) -> dict:
 
 
 def table(results: dict) -> str:
-    lines = ["| model | replies | formats read | holding a call → a call | false calls | exact (forge-bridge) "
-             "| exact (held) | irrelevance: no call | wall |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | replies | formats read | holding a call → a call | false calls | a call in prose (text) "
+             "| exact (forge-bridge) | exact (held) | irrelevance: no call | wall |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in results.items():
         formats = ", ".join(f"{k} {v:.0%}" for k, v in s["formats"].items())
         lines.append(f"| {name} | {s['replies']} | {formats} | {s['read']:.0%} of {s['holding']} | {s['false_calls']} "
+                     f"| {s['in_prose']} "
                      f"| {s['exact_forge']:.0%} | {s['exact_held']:.0%} | {s['irrelevance_no_call']:.0%} "
                      f"| {s['seconds'] / 60:.1f} min |")
     return "\n".join(lines)
@@ -180,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.again:
             records = [json.loads(line) for line in (out / f"{label}.jsonl").read_text().splitlines()]
             for r in records:
-                r["held"] = held_calls(r["reply"], [by_id[r["id"]].tool["function"]["name"]])
+                r["held"], r["held_in"] = held_calls(r["reply"], [by_id[r["id"]].tool["function"]["name"]])
             seconds = json.loads((out / "results.json").read_text())[label]["seconds"]
         else:
             print(f"{name}: {len(tasks)} requests ...", flush=True)
@@ -188,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / f"{label}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         if args.fixtures:
             Path(args.fixtures).mkdir(parents=True, exist_ok=True)
-            keep = ("id", "tools", "reply", "finish_reason", "held")
+            keep = ("id", "tools", "reply", "finish_reason", "held", "held_in")
             (Path(args.fixtures) / f"{label}.jsonl").write_text(
                 "".join(json.dumps({k: r[k] for k in keep}) + "\n" for r in records))
         results[label] = {**summarise(records, by_id), "seconds": seconds}

@@ -37,6 +37,8 @@ def parse_call(body: str, names: Collection[str] | None = None) -> ToolCall:
         data = json.loads(body)
     except json.JSONDecodeError as exc:
         raise InvalidArgument(f"tool call is not valid JSON ({exc.msg} at char {exc.pos})") from None
+    except RecursionError:
+        raise InvalidArgument("tool call is not valid JSON (nested too deeply)") from None
     return call_from(data, names)
 
 
@@ -61,7 +63,7 @@ def call_from(data: object, names: Collection[str] | None = None) -> ToolCall:
             raise InvalidArgument("tool call 'arguments' is a string that is not JSON") from None
     if not isinstance(args, dict):
         raise InvalidArgument("tool call 'arguments' must be a JSON object")
-    return ToolCall(id=new_call_id(), name=name, arguments=json.dumps(args, ensure_ascii=False))
+    return ToolCall(id=new_call_id(), name=name, arguments=json.dumps(args, ensure_ascii=False, allow_nan=False))
 
 
 def action(content: str, calls: list[ToolCall], errors: list[dict], finish_reason: str | None,
@@ -103,7 +105,7 @@ def json_values(text: str) -> list[str] | None:
             return parts
         try:
             _, end = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None
         parts.append(text[pos:end])
         pos = end

@@ -20,12 +20,14 @@ declared tool is just text. The format the calls were read from is recorded on t
 from __future__ import annotations
 
 import json
+import keyword
 from collections.abc import Callable
 from functools import partial
 
 from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.core.types import Action
-from forge_bridge.policies.tagged import ARGS, PYTHON_TAG, TOOL_CALLS, parse_hermes, parse_llama3_json, parse_mistral
+from forge_bridge.policies.tagged import (ARGS, PYTHON_TAG, TOOL_CALLS, action, parse_hermes, parse_llama3_json,
+                                          parse_mistral)
 from forge_bridge.policies.untagged import Declared, parse_fenced, parse_json
 
 ANY = "any"
@@ -72,7 +74,8 @@ def declared(tools: list[dict] | None) -> Declared | None:
     for tool in tools:
         function = tool.get("function", tool) if isinstance(tool, dict) else {}
         if isinstance(function, dict) and isinstance(function.get("name"), str):
-            properties = (function.get("parameters") or {}).get("properties") or {}
+            parameters = function.get("parameters")
+            properties = parameters.get("properties") if isinstance(parameters, dict) else None
             names[function["name"]] = list(properties) if isinstance(properties, dict) else []
     return names
 
@@ -83,23 +86,34 @@ def parse(text: str, finish_reason: str | None, tool_format: str = ANY, tools: l
     check_format(tool_format, also=(ANY,))
     reasoning, rest = split_reasoning(text)
     names = declared(tools)
-    action = read_any(rest, finish_reason, names) if tool_format == ANY else READERS[tool_format](rest, finish_reason, names)
-    action.reasoning = reasoning
-    return action
+    try:
+        read = read_any(rest, finish_reason, names) if tool_format == ANY else READERS[tool_format](rest, finish_reason, names)
+    except (RecursionError, MemoryError) as exc:  # a reply nested past what the readers can hold
+        read = action(rest, [], [{"text": rest[:2000], "error": f"reply not readable ({type(exc).__name__})"}],
+                      finish_reason)
+    read.reasoning = reasoning
+    return read
 
 
 def read_any(text: str, finish_reason: str | None, names: Declared | None) -> Action:
-    """The first format present in `text`: marked ones by their marker, then fences, then bare JSON."""
+    """Every format present, each reading what the ones before it left: the marked formats by their
+    markers (Llama 3's tag only where the reply begins with it, as Llama writes it, so prose that
+    names it hides nothing), then fences, then the JSON calls the rest begins with."""
+    readers: list[Callable[..., Action]] = []
     if TOOL_CALLS in text:
-        return parse_mistral(text, finish_reason, names)
-    if PYTHON_TAG in text:
-        return parse_llama3_json(text, finish_reason, names)
+        readers.append(parse_mistral)
+    if text.lstrip().startswith(PYTHON_TAG):
+        readers.append(parse_llama3_json)
     if TOOL_CALL_OPEN in text:
-        return parse_hermes(text, finish_reason, names)
-    fenced = parse_fenced(text, finish_reason, names)
-    if fenced.tool_calls or fenced.parse_errors:
-        return fenced
-    return parse_json(text, finish_reason, names)
+        readers.append(parse_hermes)
+    calls, errors, read, rest = [], [], [], text
+    for reader in [*readers, parse_fenced, parse_json]:
+        step = reader(rest, finish_reason, names)
+        calls += step.tool_calls
+        errors += step.parse_errors
+        read += [step.call_format] if step.call_format else []
+        rest = step.content
+    return action(rest, calls, errors, finish_reason, read[0] if read else "")
 
 
 def split_reasoning(text: str) -> tuple[str, str]:
@@ -135,6 +149,9 @@ def render_calls(content: str, calls: list[tuple[str, dict]], tool_format: str =
     if tool_format == "json":  # no room for content beside the calls
         return json.dumps(objects[0] if len(objects) == 1 else objects)
     if tool_format == "tool_code":
+        if any(not k.isidentifier() or keyword.iskeyword(k) for _, a in calls for k in a):
+            raise InvalidArgument("tool_format 'tool_code': an argument name that Python call syntax cannot "
+                                  f"write ({[k for _, a in calls for k in a]}); use 'fenced_json'")
         lines = [f"{n}({', '.join(f'{k}={_python(v)}' for k, v in a.items())})" for n, a in calls]
         return lead + "```tool_code\n" + "\n".join(lines) + "\n```"
     if tool_format == "llama3_json":  # the format has no room for content beside its calls

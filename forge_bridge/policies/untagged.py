@@ -32,8 +32,10 @@ JSON_FENCES = {"json", "tool_call", "tool_calls", "", "javascript", "js"}
 """Fence info strings whose body is read as JSON calls (`javascript`: small models label JSON so)."""
 MEANT_FENCES = {"tool_call", "tool_calls", "tool_code"}
 """Fence info strings that say the body is a call."""
-_OPEN = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([^\s`]*)[^\n`]*$", re.MULTILINE)
+_OPEN = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([^\s`]*)(?:[ \t][^\n`]*)?\r?$", re.MULTILINE)
 _NAMED = re.compile(r'^\s*\[?\s*\{\s*"(?:name|function)"\s*:\s*(?:\{\s*"name"\s*:\s*)?"([^"\\]+)"')
+_CALL_KEYS = re.compile(r'^\s*\[?\s*\{\s*"(?:name|arguments|parameters|function)"\s*:')
+"""How a call object begins, whatever its name: a reply cut there (max_tokens) was writing a call."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ def fences(text: str) -> list[Fence]:
     while (opening := _OPEN.search(text, pos)) is not None:
         marker, info = opening.group(1), opening.group(2).lower()
         body_start = opening.end() + 1
-        closing = re.compile(rf"^[ \t]*{re.escape(marker[0])}{{{len(marker)},}}[ \t]*$", re.MULTILINE)
+        closing = re.compile(rf"^[ \t]*{re.escape(marker[0])}{{{len(marker)},}}[ \t]*\r?$", re.MULTILINE)
         close = closing.search(text, body_start) if body_start <= len(text) else None
         if close is None:
             found.append(Fence(opening.start(), len(text), info, text[body_start:], False))
@@ -70,24 +72,32 @@ def declared_name(body: str, names: Declared | None) -> bool:
     return match is not None and (names is None or match.group(1) in names)
 
 
-def json_calls(body: str, names: Declared | None, meant: bool) -> tuple[list[ToolCall], dict | None]:
+def json_calls(body: str, names: Declared | None, meant: bool, cut: bool = False) -> tuple[list[ToolCall], dict | None]:
     """The calls `body` holds as JSON ([] when it is not calls), or a parse error when it meant
-    calls (`meant`, or it begins with a declared tool's name) and cannot be read as them."""
-    meant = meant or declared_name(body, names)
+    calls (`meant`; or it begins with a declared tool's name; or, `cut` by max_tokens, it began
+    a call object) and cannot be read as them. A call object has `arguments` or `parameters`
+    (a tool's schema, with its `description`, is not one)."""
+    hinted = meant or declared_name(body, names) or (cut and _CALL_KEYS.match(body) is not None)
     parts = json_values(body.strip())
-    if parts is None or not parts:
-        error = {"text": body, "error": "tool call is not valid JSON"} if meant else None
-        return [], error
+    if not parts:
+        return [], ({"text": body, "error": "tool call is not valid JSON"} if hinted else None)
     values = [v for part in parts for v in _listed(json.loads(part))]
+    if not meant and not all(_call_shaped(v) for v in values):
+        return [], None  # JSON that is not calls (an answer, a tool's schema): text
     calls = []
     for value in values:
         try:
             calls.append(call_from(value, names))
-        except InvalidArgument as exc:
-            if not meant:
-                return [], None  # JSON that is not a declared call: an answer, not a failed call
-            return [], {"text": body, "error": str(exc)}
+        except ValueError as exc:
+            return [], ({"text": body, "error": str(exc)} if hinted else None)  # else: no declared tool, text
     return calls, None
+
+
+def _call_shaped(value: object) -> bool:
+    if isinstance(value, dict) and isinstance(value.get("function"), dict) and "name" not in value:
+        value = value["function"]
+    return (isinstance(value, dict) and "name" in value and "description" not in value
+            and ("arguments" in value or "parameters" in value))
 
 
 def _listed(value: object) -> list:
@@ -101,7 +111,8 @@ def parse_fenced(text: str, finish_reason: str | None, names: Declared | None = 
     calls, errors, kept, last, read = [], [], [], 0, []
     for fence in fences(text):
         if fence.info in JSON_FENCES and "fenced_json" in kinds:
-            found, error = json_calls(fence.body, names, fence.info in MEANT_FENCES)
+            cut = not fence.closed and finish_reason == "length"
+            found, error = json_calls(fence.body, names, fence.info in MEANT_FENCES, cut)
             kind = "fenced_json"
         elif fence.info == "tool_code" and "tool_code" in kinds:
             found, error = python_calls(fence.body, names)
@@ -120,12 +131,34 @@ def parse_fenced(text: str, finish_reason: str | None, names: Declared | None = 
 
 
 def parse_json(text: str, finish_reason: str | None, names: Declared | None = None) -> Action:
-    """A reply that is nothing but JSON calls; any other reply is content."""
+    """A reply that begins with JSON calls (any text after them is the content); any other reply
+    is content."""
     body = text.strip()
     if not body.startswith(("{", "[")):
         return action(text, [], [], finish_reason)
-    calls, error = json_calls(body, names, meant=False)
-    return action("" if calls else text, calls, [error] if error else [], finish_reason, "json")
+    end = _json_end(body)
+    calls, error = json_calls(body[:end] if end else body, names, meant=False, cut=finish_reason == "length")
+    if not calls:
+        return action(text, [], [error] if error else [], finish_reason)
+    return action(body[end:] if end else "", calls, [], finish_reason, "json")
+
+
+def _json_end(body: str) -> int | None:
+    """Where the run of JSON values at the start of `body` ends, when text follows it (None: the
+    whole body is JSON, or its start is not)."""
+    decoder, pos = json.JSONDecoder(), 0
+    while True:
+        try:
+            _, pos = decoder.raw_decode(body, pos)
+        except (json.JSONDecodeError, RecursionError):
+            return None
+        rest = body[pos:]
+        stripped = rest.lstrip().lstrip(";").lstrip()
+        if not stripped:
+            return None
+        if not stripped.startswith(("{", "[")):
+            return pos
+        pos = len(body) - len(stripped)
 
 
 def python_calls(body: str, names: Declared | None) -> tuple[list[ToolCall], dict | None]:
@@ -134,8 +167,8 @@ def python_calls(body: str, names: Declared | None) -> tuple[list[ToolCall], dic
         tree = ast.parse(body.strip())
         calls = [_python_call(node, names) for stmt in tree.body
                  for node in _call_nodes(stmt)]
-    except (SyntaxError, ValueError, InvalidArgument) as exc:
-        reason = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError) as exc:
+        reason = exc.msg if isinstance(exc, SyntaxError) else str(exc) or type(exc).__name__
         return [], {"text": body, "error": f"tool call is not a Python call ({reason})"}
     if not calls:
         return [], {"text": body, "error": "tool call is not a Python call (no call)"}
@@ -160,11 +193,12 @@ def _python_call(node: ast.Call, names: Declared | None) -> ToolCall:
     if name is None or (names is not None and name not in names):
         raise InvalidArgument(f"calls {ast.unparse(func)!r}, which the request does not declare")
     order = list((names or {}).get(name, ()))
-    if len(node.args) > len(order):
-        raise InvalidArgument(f"{name}: positional arguments need the tool's parameter order")
+    if len(node.args) > len(order) or any(isinstance(a, ast.Starred) for a in node.args):
+        raise InvalidArgument(f"{name}: positional arguments beyond the tool's parameters")
     arguments = dict(zip(order, (ast.literal_eval(a) for a in node.args)))
     for keyword in node.keywords:
-        if keyword.arg is None:
-            raise InvalidArgument(f"{name}: **arguments")
+        if keyword.arg is None or keyword.arg in arguments:
+            raise InvalidArgument(f"{name}: **arguments or an argument given twice")
         arguments[keyword.arg] = ast.literal_eval(keyword.value)
-    return ToolCall(id=new_call_id(), name=name, arguments=json.dumps(arguments, ensure_ascii=False))
+    return ToolCall(id=new_call_id(), name=name,
+                    arguments=json.dumps(arguments, ensure_ascii=False, allow_nan=False))  # TypeError: a set, bytes

@@ -164,3 +164,61 @@ def test_the_vllm_client_reads_the_raw_text_itself():
     assert sent[0]["tool_choice"] == "none" and sent[0]["skip_special_tokens"] is False and sent[0]["tools"] == TOOLS
     plain = policy.chat([{"role": "user", "content": "hi"}])
     assert plain.action.tool_calls == [] and "tool_choice" not in sent[1]
+
+
+@pytest.mark.parametrize("reply", [
+    '[{"name": "get_rate", "description": "Exchange rates"}, {"name": "math_factorial", "description": "n!"}]',
+    '{"name": "get_rate", "type": "function", "description": "rates", "parameters": {"type": "object"}}',
+    '{"name": "get_rate"}',                                     # no arguments: not a call object
+    '{"name": "Alice", "age": 3}',
+])
+def test_json_that_lists_or_echoes_tools_is_not_a_call(reply):
+    action = parse(reply, "stop", tools=TOOLS)
+    assert action.tool_calls == [] and action.content == reply
+
+
+def test_several_formats_in_one_reply_are_all_read_and_markers_in_prose_do_not_hide_calls():
+    hermes = '<tool_call>{"name": "get_rate", "arguments": {"base": "EUR"}}</tool_call>'
+    noted = parse(hermes + "\nNote: Llama uses <|python_tag|>.", "stop", tools=TOOLS)
+    assert calls(noted) == [("get_rate", {"base": "EUR"})] and not noted.parse_errors
+    assert noted.content == "Note: Llama uses <|python_tag|>."
+    both = parse('```json\n{"name": "math_factorial", "arguments": {"number": 4}}\n```\n' + hermes, "stop", tools=TOOLS)
+    assert sorted(calls(both)) == [("get_rate", {"base": "EUR"}), ("math_factorial", {"number": 4})]
+    assert both.content == "" and both.call_format == "hermes"
+
+
+def test_crlf_fences_a_bare_call_before_prose_and_cut_calls():
+    crlf = parse('```json\r\n{"name": "get_rate", "arguments": {}}\r\n```\r\nDone.', "stop", tools=TOOLS)
+    assert calls(crlf) == [("get_rate", {})] and crlf.content == "Done." and not crlf.parse_errors
+    prose = parse('{"name": "get_rate", "arguments": {"base": "EUR"}}\nI have called the tool.', "stop", tools=TOOLS)
+    assert calls(prose) == [("get_rate", {"base": "EUR"})] and prose.content == "I have called the tool."
+    for cut in ('```json\n{"name": "get_r', '```json\n{"arguments": {"base": "EUR"}, "name": "get_rate"',
+                '{"name": "get_ra'):
+        action = parse(cut, "length", tools=TOOLS)
+        assert action.tool_calls == [] and action.malformed, cut
+
+
+@pytest.mark.parametrize("reply", [
+    "```tool_code\nget_rate(base={1, 2})\n```", "```tool_code\nget_rate(base=b'x')\n```",
+    "```tool_code\nmath_factorial(number=1e999)\n```", "```tool_code\nmath_factorial(5, number=6)\n```",
+    "```tool_code\nget_rate(*a)\n```", "```tool_code\nprint()\n```", "```tool_code\nx = 1\n```",
+    "```tool_code\nget_rate(base=" + "1+" * 20000 + "1)\n```",
+    "[" * 5000, "```json\n" + "[" * 5000 + "\n```", '<tool_call>' + "[" * 5000 + '</tool_call>',
+])
+def test_odd_replies_are_malformed_calls_or_text_never_an_exception(reply):
+    action = parse(reply, "stop", tools=TOOLS)
+    assert action.tool_calls == [] and action.content == reply
+
+
+@pytest.mark.timeout(60)
+def test_a_long_line_after_a_fence_marker_does_not_backtrack():
+    reply = "```" + "x" * 200_000 + "`"  # quadratic: 64 s at 100 KB, so hours here; linear: milliseconds
+    assert parse(reply, "stop", tools=TOOLS).tool_calls == []
+
+
+def test_odd_schemas_and_unwritable_tool_code_are_clear():
+    from forge_bridge.policies.toolcalls import declared
+
+    assert declared([{"function": {"name": "f", "parameters": "x"}}, "junk"]) == {"f": []}
+    with pytest.raises(InvalidArgument, match="Python call syntax cannot"):
+        render_calls("", [("convert", {"from": "EUR"})], "tool_code")

@@ -1,7 +1,8 @@
 """The parser on real models' own replies: every reply each model available here wrote, greedy,
 through a LangChain agent on public BFCL requests (`bench/real_models.py --fixtures`), with the
 calls each reply holds read independently and loosely (`held`: any JSON object naming the offered
-function, or a Python call of it, anywhere in the reply)."""
+function anywhere in the reply, else a Python call of it; `held_in`: where, 'prose' for a call in
+prose or in a code sample, which must stay text)."""
 
 import json
 from pathlib import Path
@@ -13,7 +14,6 @@ from forge_bridge.policies.toolcalls import parse
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "replies"
 REPLIES = [(path.stem, json.loads(line)) for path in sorted(FIXTURES.glob("*.jsonl"))
            for line in path.read_text().splitlines() if line.strip()]
-IN_PROSE = {"a call written in prose, outside any fence: a code sample, not a call"}
 
 
 def test_every_model_has_replies():
@@ -24,7 +24,7 @@ def test_every_model_has_replies():
 def test_a_reply_is_read_as_the_calls_it_holds(model, record):
     action = parse(record["reply"], record["finish_reason"], tools=record["tools"])
     got = [[c.name, json.loads(c.arguments)] for c in action.tool_calls]
-    if record.get("label") in IN_PROSE or not record["held"]:
+    if record["held_in"] in ("", "prose"):
         assert got == [], "a reply that holds no call (or only one in prose) became a call"
     else:
         assert got == record["held"], f"read {got} from a reply holding {record['held']}"
