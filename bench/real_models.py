@@ -142,7 +142,8 @@ def summarise(records: list[dict], tasks: dict) -> dict:
         "holding": len(holding), "read": sum(bool(r["calls"]) for r in holding) / max(len(holding), 1),
         "false_calls": sum(bool(r["calls"]) for r in records if r not in holding),
         "in_prose": sum(r["held_in"] == "prose" for r in records),
-        "exact_forge": sum(check_call(tasks[r["id"]], r["calls"]) for r in simple) / max(len(simple), 1),
+        "exact_forge": sum(check_call(tasks[r["id"]], [tuple(c) for c in r["calls"]]) for r in simple)
+        / max(len(simple), 1),
         "exact_held": sum(check_call(tasks[r["id"]], [tuple(c) for c in r["held"]] if r in holding else [])
                           for r in simple)
         / max(len(simple), 1),

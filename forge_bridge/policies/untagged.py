@@ -33,8 +33,8 @@ JSON_FENCES = {"json", "tool_call", "tool_calls", "", "javascript", "js"}
 MEANT_FENCES = {"tool_call", "tool_calls", "tool_code"}
 """Fence info strings that say the body is a call."""
 _OPEN = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([^\s`]*)(?:[ \t][^\n`]*)?\r?$", re.MULTILINE)
-_NAMED = re.compile(r'^\s*\[?\s*\{\s*"(?:name|function)"\s*:\s*(?:\{\s*"name"\s*:\s*)?"([^"\\]+)"')
-_CALL_KEYS = re.compile(r'^\s*\[?\s*\{\s*"(?:name|arguments|parameters|function)"\s*:')
+_NAMED = re.compile(r'^\s*\[?\s*\{+\s*"(?:name|function)"\s*:\s*(?:\{\s*"name"\s*:\s*)?"([^"\\]+)"')
+_CALL_KEYS = re.compile(r'^\s*\[?\s*\{+\s*"(?:name|arguments|parameters|function)"\s*:')
 """How a call object begins, whatever its name: a reply cut there (max_tokens) was writing a call."""
 
 

@@ -35,6 +35,8 @@ def tiny_dir(tmp_path_factory):
     (lambda: DemoConfig(demonstrate=("multiply", "lookup_twice")), "DemoConfig.demonstrate"),
     (lambda: DemoConfig(demonstrate=()), "DemoConfig.demonstrate"),
     (lambda: DemoConfig(multi_step_demos=25), "DemoConfig.multi_step_demos"),
+    (lambda: DemoConfig(sft_epochs=0), "the teacher adapter is trained by SFT"),
+    (lambda: DemoConfig(sft_epochs=-1), "DemoConfig.sft_epochs"),
     (lambda: DemoConfig(multi_step_demos=True), "DemoConfig.multi_step_demos"),
     (lambda: DemoConfig(demonstrate=(["multiply"],)), "DemoConfig.demonstrate"),
     (lambda: DemoConfig(demonstrate=("lookup_multiply",), multi_step_demos=0), "nothing to demonstrate"),
