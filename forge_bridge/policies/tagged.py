@@ -9,8 +9,9 @@
 Small models write calls imperfectly: a missing closing tag at the end of the generation,
 arguments as a JSON string. What can be read unambiguously becomes an OpenAI-format call;
 anything else is kept as text and recorded in `parse_errors`, because a malformed call is a
-policy action the trainer must see (and penalise), not an exception that kills the agent. A
-marked call to a tool the request does not declare (`names`) is such a malformed call.
+policy action the trainer must see (and penalise), not an exception that kills the agent. Given
+`names`, a call to a tool outside them is such a malformed call; `toolcalls.parse` gives none for
+these formats: a marked call is a call whatever tool it names, for the agent's framework to refuse.
 `toolcalls.parse` chooses the reader; `untagged` reads the calls written without markers.
 """
 

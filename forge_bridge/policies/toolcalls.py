@@ -2,16 +2,17 @@
 
 Real instruct models do not all write the format their chat template teaches: Qwen2.5-Coder's
 template asks for `<tool_call>` tags and the model writes a fenced JSON object. So by default
-(`tool_format="any"`) a reply is read in every format (`FORMATS`), the first that is present:
+(`tool_format="any"`) a reply is read in every format (`FORMATS`) present in it:
 
 - marked: Mistral's `[TOOL_CALLS]`, Llama 3's `<|python_tag|>`, Hermes `<tool_call>` blocks
   (`tagged`);
 - unmarked: fenced JSON, Python calls in a `tool_code` fence, a reply that is JSON and nothing
   else (`untagged`).
 
-Only a call to a tool the request declares becomes a call. A marked call to an undeclared tool
-is a malformed call (kept as text, with a `parse_errors` entry); unmarked JSON that names no
-declared tool is just text. The format the calls were read from is recorded on the step
+A marked call is a call whatever tool it names, as vLLM's parsers read it: the agent's framework
+answers a tool it does not have with an error result and the episode goes on. Unmarked JSON or
+Python becomes a call only where it names a tool the request declares; otherwise it is text (an
+answer, a code sample). The format the calls were read from is recorded on the step
 (`Action.call_format`). A named `tool_format` reads that format only (strict). A reasoning block
 (`<think>...</think>`, Qwen3 / DeepSeek-R1 style) is split off first: it is kept in
 `Action.reasoning` and never parsed for calls.
@@ -43,8 +44,10 @@ READERS: dict[str, Callable[..., Action]] = {
 """Each format's reader: `(text, finish_reason, names) -> Action`."""
 FORMATS = tuple(READERS)
 """The tool-call formats a reply is read in, and the values of `Action.call_format`."""
-WRITTEN = ("hermes", "llama3_json", "mistral")
-"""The formats a chat template can teach (`detect_format`); a policy writes demonstrations in these."""
+MARKED = ("hermes", "llama3_json", "mistral")
+"""The formats whose calls carry markers of their own: read whatever tool they name."""
+WRITTEN = MARKED
+"""The formats a chat template teaches (`detect_format`); a policy writes demonstrations in these."""
 TOOL_CALL_OPEN = "<tool_call>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -87,7 +90,8 @@ def parse(text: str, finish_reason: str | None, tool_format: str = ANY, tools: l
     reasoning, rest = split_reasoning(text)
     names = declared(tools)
     try:
-        read = read_any(rest, finish_reason, names) if tool_format == ANY else READERS[tool_format](rest, finish_reason, names)
+        read = (read_any(rest, finish_reason, names) if tool_format == ANY
+                else READERS[tool_format](rest, finish_reason, None if tool_format in MARKED else names))
     except (RecursionError, MemoryError) as exc:  # a reply nested past what the readers can hold
         read = action(rest, [], [{"text": rest[:2000], "error": f"reply not readable ({type(exc).__name__})"}],
                       finish_reason)
@@ -98,7 +102,8 @@ def parse(text: str, finish_reason: str | None, tool_format: str = ANY, tools: l
 def read_any(text: str, finish_reason: str | None, names: Declared | None) -> Action:
     """Every format present, each reading what the ones before it left: the marked formats by their
     markers (Llama 3's tag only where the reply begins with it, as Llama writes it, so prose that
-    names it hides nothing), then fences, then the JSON calls the rest begins with."""
+    names it hides nothing; any tool name), then fences, then the JSON calls the rest begins with
+    (declared tools only)."""
     readers: list[Callable[..., Action]] = []
     if TOOL_CALLS in text:
         readers.append(parse_mistral)
@@ -108,7 +113,7 @@ def read_any(text: str, finish_reason: str | None, names: Declared | None) -> Ac
         readers.append(parse_hermes)
     calls, errors, read, rest = [], [], [], text
     for reader in [*readers, parse_fenced, parse_json]:
-        step = reader(rest, finish_reason, names)
+        step = reader(rest, finish_reason, None if reader in readers else names)
         calls += step.tool_calls
         errors += step.parse_errors
         read += [step.call_format] if step.call_format else []

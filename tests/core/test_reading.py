@@ -76,13 +76,12 @@ def test_hostile_replies_stay_text(reply):
     assert action.content == reply.strip() and action.finish_reason == "stop"
 
 
-def test_a_marked_call_to_an_undeclared_tool_is_a_malformed_call_kept_as_text():
+def test_a_marked_call_to_an_undeclared_tool_is_a_call_for_the_framework_to_refuse():
+    """As vLLM's parsers read it: the agent's framework answers with an error result and goes on."""
     reply = '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
     action = parse(reply, "stop", tools=TOOLS)
-    assert action.tool_calls == [] and action.content == reply and action.malformed
-    assert "'rm_rf', which the request does not declare (declared: get_rate, math_factorial)" in \
-        action.parse_errors[0]["error"]
-    code = parse("```tool_code\nrm_rf(path='/')\n```", "stop", tools=TOOLS)
+    assert calls(action) == [("rm_rf", {})] and action.call_format == "hermes" and not action.parse_errors
+    code = parse("```tool_code\nrm_rf(path='/')\n```", "stop", tools=TOOLS)  # Python: declared tools only
     assert code.tool_calls == [] and code.malformed and "does not declare" in code.parse_errors[0]["error"]
 
 
@@ -95,7 +94,7 @@ def test_a_half_written_call_at_the_length_limit_is_a_parse_error_trained_as_the
         assert action.parse_errors[0]["text"].startswith(reply[:10])
 
 
-def test_no_tools_declared_means_no_call_and_none_means_any_name():
+def test_no_tools_declared_means_no_unmarked_call_and_none_means_any_name():
     reply = '```json\n{"name": "anything", "arguments": {}}\n```'
     assert parse(reply, "stop", tools=[]).tool_calls == []
     assert [c.name for c in parse(reply, "stop").tool_calls] == ["anything"]

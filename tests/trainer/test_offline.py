@@ -27,9 +27,11 @@ def choice_dir(tmp_path_factory):
     return training_task.choice_model(tmp_path_factory.mktemp("choice") / "model")
 
 
-def success(policy, n: int = 48) -> float:
-    rollout = training_task.make_rollout(training_task.agent_for(policy))
-    return sum(rollout(training_task.TASKS[0]) for _ in range(n)) / n
+def chance_of(policy, step) -> float:
+    """The probability the policy gives a recorded step's completion, exactly (no sampling)."""
+    import math
+
+    return math.exp(sum(policy.score(step.prompt_token_ids, step.completion_token_ids)))
 
 
 def production_store(path, tokenizer) -> TrajectoryStore:
@@ -58,18 +60,22 @@ def production_store(path, tokenizer) -> TrajectoryStore:
 def test_production_episodes_with_noisy_feedback_teach_the_student(choice_dir, tmp_path):
     policy = LocalPolicy(choice_dir)
     store = production_store(tmp_path / "prod.db", policy.tokenizer)
-    before = success(policy)
+    add_call, mult_call = (next(t.transitions[0] for t in store.trajectories()
+                                if t.transitions[0].action.tool_calls[0].name == n) for n in ("add", "multiply"))
+    before = [chance_of(policy, s) for s in (add_call, mult_call)]
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(out_dir=str(tmp_path / "run"), run_name="prod", progress=False,
                                                    lora_rank=8, lora_alpha=16))
     metrics = trainer.train_offline(store, fb.OfflineConfig(sft=fb.SFTConfig(epochs=3, lr=3e-3, publish=False)))
-    after = success(policy)
+    after = [chance_of(policy, s) for s in (add_call, mult_call)]
     assert metrics["offline_episodes"] == 24 and metrics["offline_missing_reward"] == 3
     assert metrics["offline_imitated"] == 11  # 10 of the 11 add episodes with feedback (one wrongly thumbed down), and
     # the multiply episode wrongly thumbed up
     assert metrics["adapter"] == "prod-v1" and policy.current() == "prod-v1" and trainer.iteration == 1
     assert (tmp_path / "run" / "checkpoints" / "latest").is_file()
-    print(f"success at T=1 before {before:.2f}, after {after:.2f}")
-    assert after >= before + 0.25, (before, after)
+    print(f"P(the right call, add) {before[0]:.2f} -> {after[0]:.2f}; P(multiply) {before[1]:.2f} -> {after[1]:.2f}")
+    # measured here 0.49 -> 0.62 and 0.49 -> 0.35, exactly (the sampled success it replaces, 48 rollouts at T=1,
+    # moved 0.46 -> 0.65 with a seed-to-seed spread of about 0.1: a threshold on it failed by chance)
+    assert after[0] >= before[0] + 0.08 and after[1] <= before[1] - 0.08, (before, after)
     store.close()
     trainer.close()
     policy.close()
