@@ -118,9 +118,9 @@ class DemoConfig:
         if self.multi_step_demos == 0 and set(self.demonstrate) <= set(MULTI_STEP_KINDS):
             raise InvalidArgument(f"DemoConfig: nothing to demonstrate: demonstrate={self.demonstrate!r} names only "
                                   "multi-step kinds and multi_step_demos=0")
-        if self.sft_epochs == 0 and self.guide == "teacher" and self.distill_beta > 0:
-            raise InvalidArgument("DemoConfig: the teacher adapter is trained by SFT: with sft_epochs=0 use "
-                                  "guide='demonstrations' or 'none', or distill_beta=0")
+        if self.sft_epochs == 0 and self.distill_beta > 0:
+            raise InvalidArgument("DemoConfig: the teacher adapter (distill_beta > 0) is trained by SFT: with "
+                                  "sft_epochs=0 set distill_beta=0")
         if self.baseline not in ("group", "batch"):
             raise InvalidArgument(f"DemoConfig.baseline: expected 'group' or 'batch', got {self.baseline!r}")
         if self.gamma > 1:

@@ -35,7 +35,7 @@ def tiny_dir(tmp_path_factory):
     (lambda: DemoConfig(demonstrate=("multiply", "lookup_twice")), "DemoConfig.demonstrate"),
     (lambda: DemoConfig(demonstrate=()), "DemoConfig.demonstrate"),
     (lambda: DemoConfig(multi_step_demos=25), "DemoConfig.multi_step_demos"),
-    (lambda: DemoConfig(sft_epochs=0), "the teacher adapter is trained by SFT"),
+    (lambda: DemoConfig(sft_epochs=0), "is trained by SFT: with sft_epochs=0 set distill_beta=0"),
     (lambda: DemoConfig(sft_epochs=-1), "DemoConfig.sft_epochs"),
     (lambda: DemoConfig(multi_step_demos=True), "DemoConfig.multi_step_demos"),
     (lambda: DemoConfig(demonstrate=(["multiply"],)), "DemoConfig.demonstrate"),
