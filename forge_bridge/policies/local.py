@@ -48,7 +48,7 @@ class _Request:
     opening: list[int] | None = None
     """A tool call's opening this call may be made to begin with (`Sampling.explore`)."""
     tools: list[dict] | None = None
-    """The tools the call declares: only these become calls."""
+    """The tools the call declares: unmarked JSON or Python becomes a call only for these."""
 
 
 def check_settings(dtype: str, tool_format: str, max_batch: int, threads: int | None,
