@@ -43,11 +43,17 @@ def parse_call(body: str, names: Collection[str] | None = None) -> ToolCall:
     return call_from(data, names)
 
 
+def unwrapped(data: object) -> object:
+    """The call inside OpenAI's `{"type": "function", "function": {...}}`, else `data` itself."""
+    if isinstance(data, dict) and isinstance(data.get("function"), dict) and "name" not in data:
+        return data["function"]
+    return data
+
+
 def call_from(data: object, names: Collection[str] | None = None) -> ToolCall:
     """One call from a decoded JSON value: `{"name", "arguments"}` or `{"name", "parameters"}`
     (arguments as an object or as a JSON string), or OpenAI's `{"function": {...}}`."""
-    if isinstance(data, dict) and isinstance(data.get("function"), dict) and "name" not in data:
-        data = data["function"]
+    data = unwrapped(data)
     if not isinstance(data, dict):
         raise InvalidArgument("tool call must be a JSON object with 'name' and 'arguments'")
     name = data.get("name")

@@ -45,9 +45,8 @@ READERS: dict[str, Callable[..., Action]] = {
 FORMATS = tuple(READERS)
 """The tool-call formats a reply is read in, and the values of `Action.call_format`."""
 MARKED = ("hermes", "llama3_json", "mistral")
-"""The formats whose calls carry markers of their own: read whatever tool they name."""
-WRITTEN = MARKED
-"""The formats a chat template teaches (`detect_format`); a policy writes demonstrations in these."""
+"""The formats whose calls carry markers of their own: read whatever tool they name; the ones a chat
+template teaches (`detect_format`), in which a policy writes demonstrations."""
 TOOL_CALL_OPEN = "<tool_call>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -172,7 +171,7 @@ def _python(value: object) -> str:
 
 
 def detect_format(chat_template: str | None) -> str:
-    """The tool-call format a chat template teaches its model (one of `WRITTEN`): Mistral's
+    """The tool-call format a chat template teaches its model (one of `MARKED`): Mistral's
     `[TOOL_CALLS]`, Llama 3's header tokens, else Hermes `<tool_call>` (also the embedded model's)."""
     template = chat_template or ""
     if TOOL_CALLS in template:

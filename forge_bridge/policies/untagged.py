@@ -23,15 +23,15 @@ from dataclasses import dataclass
 
 from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.core.types import Action, ToolCall
-from forge_bridge.policies.tagged import action, call_from, json_values, new_call_id
+from forge_bridge.policies.tagged import action, call_from, json_values, new_call_id, unwrapped
 
 Declared = Mapping[str, Sequence[str]]
 """The tools a request declares: each name with its parameters' names in order."""
 
 JSON_FENCES = {"json", "tool_call", "tool_calls", "", "javascript", "js"}
 """Fence info strings whose body is read as JSON calls (`javascript`: small models label JSON so)."""
-MEANT_FENCES = {"tool_call", "tool_calls", "tool_code"}
-"""Fence info strings that say the body is a call."""
+MEANT_FENCES = {"tool_call", "tool_calls"}
+"""JSON fence info strings that say the body is a call (a `tool_code` fence always does)."""
 _OPEN = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([^\s`]*)(?:[ \t][^\n`]*)?\r?$", re.MULTILINE)
 _NAMED = re.compile(r'^\s*\[?\s*\{+\s*"(?:name|function)"\s*:\s*(?:\{\s*"name"\s*:\s*)?"([^"\\]+)"')
 _CALL_KEYS = re.compile(r'^\s*\[?\s*\{+\s*"(?:name|arguments|parameters|function)"\s*:')
@@ -94,8 +94,7 @@ def json_calls(body: str, names: Declared | None, meant: bool, cut: bool = False
 
 
 def _call_shaped(value: object) -> bool:
-    if isinstance(value, dict) and isinstance(value.get("function"), dict) and "name" not in value:
-        value = value["function"]
+    value = unwrapped(value)
     return (isinstance(value, dict) and "name" in value and "description" not in value
             and ("arguments" in value or "parameters" in value))
 
