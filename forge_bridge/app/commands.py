@@ -11,7 +11,7 @@ from pathlib import Path
 
 from forge_bridge.app.config_flags import config_kwargs
 
-DEMO_FLAGS = ("model", "out_dir", "seed", "rl_iterations", "sft_epochs", "demonstrate",
+DEMO_FLAGS = ("model", "out_dir", "seed", "rl_iterations", "sft_epochs", "max_tokens", "demonstrate",
               "multi_step_demos", "guide", "guide_k", "guide_shaping", "relabel_weight",
               "distill_beta")
 """DemoConfig fields the `demo` command takes as flags."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from forge_bridge.core.errors import InvalidArgument
@@ -33,3 +34,30 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
         msg["content"] = _text(m.get("content"))
         out.append(msg)
     return out
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """Normalized messages as a chat template renders them: each call's `arguments` an object,
+    not the OpenAI API's JSON string, as transformers' templates expect (Qwen's writes
+    `arguments | tojson`, which would double-encode a string: the model then sees, and copies,
+    `"arguments": "{\\"a\\": 1}"`). vLLM converts them the same way. Arguments that are not a JSON
+    object stay as they are."""
+    out = []
+    for msg in normalize_messages(messages):
+        calls = msg.get("tool_calls")
+        if isinstance(calls, list):
+            msg = {**msg, "tool_calls": [_with_object_arguments(call) for call in calls]}
+        out.append(msg)
+    return out
+
+
+def _with_object_arguments(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    if not isinstance(arguments, str):
+        return call
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return call
+    return {**call, "function": {**function, "arguments": value}} if isinstance(value, dict) else call
