@@ -2,7 +2,7 @@
 update on the same synthetic samples, the ratio, and whether the LoRAs came out the same.
 
 Each world size runs in its own process group, launched by torch's elastic launcher (what
-torchrun runs); rank 0 times `distributed.run_update` (the update the trainer's loop runs)
+torchrun runs); rank 0 times `trainer.update` (the update the trainer's loop runs)
 after one untimed warm-up update, and writes its LoRA's tensors so the driver can compare them.
 
     .venv/bin/python bench/distributed.py                                # this CPU: 1 vs 2, gloo
@@ -48,25 +48,29 @@ def worker(args: argparse.Namespace) -> None:
         out_dir=args.out, device=args.device, minibatch_size=len(samples), microbatch_size=args.microbatch,
         max_seq_len=4096, progress=False, bf16=False if args.device == "cpu" else None,
         distributed=spread), model=args.model)
-    if trainer.follower:
-        distributed.follow(trainer)
-        return
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     times = []
-    with trainer.training(DEFAULT_SLOT):
-        for step in range(args.steps + 1):
-            t0 = time.perf_counter()
-            distributed.run_update(trainer, samples)
-            sync()
-            times.append(time.perf_counter() - t0)
-    distributed.stop(trainer)
-    weights = trainer.gathered["weights"] if trainer.group and trainer.group.sharded else {
+
+    def lead() -> list:
+        with trainer.learner.training(DEFAULT_SLOT):
+            for step in range(args.steps + 1):
+                t0 = time.perf_counter()
+                trainer.update(samples)
+                sync()
+                times.append(time.perf_counter() - t0)
+        return []
+
+    trainer.ranks.run(lead, trainer.follow_update)  # the other ranks take their share of each update
+    if trainer.follower:
+        return
+    full = trainer.ranks.full_state()
+    weights = full["weights"] if full else {
         n: p.detach().cpu() for n, p in trainer.model.named_parameters() if p.requires_grad}
     save_file({n: t.contiguous() for n, t in weights.items()}, str(Path(args.out) / "lora.safetensors"))
     tokens = sum(sum(s.loss_mask) for s in samples)
     (Path(args.out) / "result.json").write_text(json.dumps({
         "s_per_update": statistics.median(times[1:]), "tokens_per_s": tokens / statistics.median(times[1:]),
-        "warmup_s": times[0], "world_size": trainer.group.size if trainer.group else 1}))
+        "warmup_s": times[0], "world_size": trainer.ranks.size}))
     trainer.close()
 
 

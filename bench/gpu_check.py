@@ -100,7 +100,6 @@ def update_throughput(model_dir: Path, device: str, samples, steps: int, microba
     from forge_bridge.policies.scripted import ScriptedPolicy
     from forge_bridge.trainer.config import GRPOConfig
     from forge_bridge.trainer.grpo import GRPOTrainer
-    from forge_bridge.trainer.update import update
 
     _, tokenizer = models.load(str(model_dir))
     policy = ScriptedPolicy(lambda m, t: "", tokenizer)  # the update needs no rollouts
@@ -110,8 +109,8 @@ def update_throughput(model_dir: Path, device: str, samples, steps: int, microba
     where = {p.device.type for p in trainer.model.parameters()}
     assert where == {torch.device(device).type}, f"parameters on {where}, expected {device}"
     tokens = sum(sum(s.loss_mask) for s in samples)
-    update(trainer, samples)  # warm-up: kernels, allocator, optimizer state
-    state_devices = {t.device.type for st in trainer.optimizer.state.values() for t in st.values()
+    trainer.update(samples)  # warm-up: kernels, allocator, optimizer state
+    state_devices = {t.device.type for st in trainer.learner.optimizer.state.values() for t in st.values()
                      if isinstance(t, torch.Tensor) and t.dim() > 0}
     assert state_devices == {torch.device(device).type}, f"optimizer state on {state_devices}"
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
@@ -119,7 +118,7 @@ def update_throughput(model_dir: Path, device: str, samples, steps: int, microba
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        update(trainer, samples)
+        trainer.update(samples)
         sync()
         times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
@@ -166,9 +165,9 @@ def learning_run(device: str, iterations: int, out: Path) -> dict:
         "policy_model": next(policy.model.parameters()).device.type == kind,
         "trainer_lora": all(p.device.type == kind for p in trainer.model.parameters() if p.requires_grad),
         "trainer_base": next(trainer.model.parameters()).device.type == kind,
-        "optimizer_state": all(t.device.type == kind for st in trainer.optimizer.state.values()
+        "optimizer_state": all(t.device.type == kind for st in trainer.learner.optimizer.state.values()
                                for t in st.values() if isinstance(t, torch.Tensor) and t.dim() > 0),
-        "batch": trainer.collate(synthetic_samples(1, 4, 4, 100))["input_ids"].device.type == kind,
+        "batch": trainer.learner.collate(synthetic_samples(1, 4, 4, 100))["input_ids"].device.type == kind,
     }
     trainer.close()
     policy.close()

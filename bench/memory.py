@@ -54,13 +54,12 @@ def one(microbatch: int, seq: int, variant: str, model: str = MODEL) -> dict:
 
     import forge_bridge as fb
     from forge_bridge.policies import models
-    from forge_bridge.trainer import logprobs, loop, memory
+    from forge_bridge.trainer import learner, logprobs, memory
     from forge_bridge.trainer.batch import Sample
-    from forge_bridge.trainer.update import update
 
     if variant == "before":
         logprobs.sampled_logprobs = full_log_softmax
-        loop.EAGER_MAX_LEN = 1 << 30
+        learner.EAGER_MAX_LEN = 1 << 30
     policy = fb.ScriptedPolicy(lambda messages, tools: "", models.load_tokenizer(model))
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(minibatch_size=microbatch, microbatch_size=microbatch,
                                                    max_seq_len=seq, out_dir=tempfile.mkdtemp(), progress=False,
@@ -70,12 +69,12 @@ def one(microbatch: int, seq: int, variant: str, model: str = MODEL) -> dict:
     samples = [Sample(input_ids=torch.randint(0, trainer.tokenizer.vocab_size, (seq,), generator=g).tolist(),
                       loss_mask=[0] * (seq - trained) + [1] * trained, sampler_logprobs=[-3.0] * seq,
                       advantages=[0.5] * seq) for _ in range(microbatch)]
-    update(trainer, [Sample(input_ids=samples[0].input_ids[:16], loss_mask=samples[0].loss_mask[-16:],
+    trainer.update([Sample(input_ids=samples[0].input_ids[:16], loss_mask=samples[0].loss_mask[-16:],
                             sampler_logprobs=[-3.0] * 16, advantages=[0.5] * 16)])  # weights paged in
     resident = memory.resident_gb()
     reset = peak_reset()  # the peak of the update alone, not of loading the model
     start = time.perf_counter()
-    update(trainer, samples)
+    trainer.update(samples)
     seconds = time.perf_counter() - start
     peak = (peak_kb() if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 2 ** 20
     config = trainer.model.get_base_model().config

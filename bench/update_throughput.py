@@ -58,7 +58,6 @@ def ours(model_name: str, pairs, advantages, old, minibatch: int, autocast) -> f
     from forge_bridge.policies import models
     from forge_bridge.policies.scripted import ScriptedPolicy
     from forge_bridge.trainer.batch import Sample
-    from forge_bridge.trainer.update import update
 
     tokenizer = models.load(model_name)[1]
     policy = ScriptedPolicy(lambda m, t: "", tokenizer)
@@ -69,7 +68,7 @@ def ours(model_name: str, pairs, advantages, old, minibatch: int, autocast) -> f
                       sampler_logprobs=[0.0] * len(p) + lp, advantages=[0.0] * len(p) + [a] * len(c))
                for (p, c), a, lp in zip(pairs, advantages, old)]
     t0 = time.perf_counter()
-    update(trainer, samples)
+    trainer.update(samples)
     return time.perf_counter() - t0
 
 

@@ -16,11 +16,13 @@ log pi_student) to each sampled token's advantage, and relabelled states add an 
 
 from __future__ import annotations
 
+import time
 from typing import Hashable, Sequence
 
 import torch
 
 from forge_bridge.core.types import Trajectory, TrajectoryGroup, Transition
+from forge_bridge.policies.base import DEFAULT_SLOT
 from forge_bridge.trainer.advantages import (
     anchor_step_advantages,
     centre_span_rewards,
@@ -30,10 +32,11 @@ from forge_bridge.trainer.advantages import (
     step_rewards,
 )
 from forge_bridge.trainer import teacher as teaching
-from forge_bridge.trainer.batch import Sample, build_samples, span_rewards
-from forge_bridge.trainer.config import GRPOConfig
+from forge_bridge.trainer.batch import BatchStats, Sample, build_samples, span_rewards
+from forge_bridge.trainer.config import GRPOConfig, OfflineConfig
 from forge_bridge.trainer.loop import Trainer
 from forge_bridge.trainer.losses import policy_objective
+from forge_bridge.trainer.offline import train_offline
 from forge_bridge.trainer.teacher import Teacher, check_teacher
 
 
@@ -114,51 +117,29 @@ class GRPOTrainer(Trainer):
         if teacher is not None:
             self.use_teacher(teacher)
 
-    def use_teacher(self, teacher: Teacher) -> None:
-        """Guide with this teacher from the next iteration (e.g. once the warm start recorded
-        the demonstrations it draws guides from); one that cannot give what the config asks
-        (`guidance`, `distill_beta`, `relabel_weight`) is refused, naming what is missing."""
-        check_teacher(teacher, self.config, self.tokenizer)
-        self.teacher = teacher
+    def run_iteration(self, rollout, tasks, it: int) -> dict:
+        """Iteration `it` (0-based): the recipe, top to bottom."""
+        t0 = time.perf_counter()
+        groups, metrics = self.collect(rollout, self.tasks_for(tasks, it), it)  # the agent's rollouts (+ guides)
+        t1, trained_tokens = time.perf_counter(), 0
+        for slot, mine in self.by_slot(groups):  # each LoRA on its own roles' groups
+            with self.learner.training(slot):
+                samples, batch, stats = self.prepare(mine)  # advantages -> token samples
+                self.record_credit(mine, samples, it + 1)
+                stats |= self.update(samples) if samples else {}  # epochs x minibatches: forward, objective, step
+            trained_tokens += batch.trained_tokens
+            stats |= {f"batch_{k}": v for k, v in vars(batch).items()}
+            metrics |= stats if len(self.learner.slots) == 1 else {f"{slot}/{k}": v for k, v in stats.items()}
+        t2 = time.perf_counter()
+        versions = self.publish_all(it + 1)  # the live policy serves v(it + 1) from its next call
+        metrics = self.timed({"iteration": it + 1, "adapter": versions[DEFAULT_SLOT], **{
+            f"adapter_{slot}": v for slot, v in versions.items() if slot != DEFAULT_SLOT}, **metrics},
+            t0, t1, t2, trained_tokens)
+        self.end_iteration(metrics)  # metrics.jsonl, TensorBoard, a checkpoint
+        return metrics
 
-    def train_offline(self, store, config=None, **options):
-        """One iteration learned from episodes recorded outside the loop, with their feedback
-        (`trainer/offline.py`); returns its metrics."""
-        from forge_bridge.trainer.config import OfflineConfig
-        from forge_bridge.trainer.offline import train_offline
-
-        return train_offline(self, store, config or OfflineConfig(), **options)
-
-    def train(self, rollout, tasks, iterations, *, resume=False):
-        if not self.follower:  # the leader collects; a follower has no teacher to check
-            check_teacher(self.teacher, self.config, self.tokenizer)  # before any rollout: nothing runs without one
-        return super().train(rollout, tasks, iterations, resume=resume)
-
-    def collect(self, rollout, tasks, it):
-        groups, stats = super().collect(rollout, tasks, it)  # the policy's own: the metrics are theirs alone
-        if self.config.guidance is None:
-            return groups, stats
-        groups, guided = teaching.guide(self, groups, tasks, it)
-        return groups, {**stats, **guided}
-
-    def teach(self, groups: list[TrajectoryGroup]) -> tuple[list[Sample], dict]:
-        """The teacher's signals on the policy's own trajectories, every group's (a group that
-        failed alike is where they matter most): the teacher's log-probabilities of their tokens
-        (`step_teacher`, for distillation) and relabelled samples."""
-        trajectories = [t for g in groups for t in g.trajectories]
-        samples, stats = [], {}
-        self.step_teacher = {}
-        if self.config.distill_beta > 0:
-            self.step_teacher, failed = teaching.teacher_logprobs(self.teacher.policy, trajectories)
-            stats["distill_unscored_steps"] = failed
-        if self.config.relabel_weight > 0:
-            acting = teaching.acting_policy(self.teacher.policy, self.tokenizer, getattr(self.policy, "tool_format", "auto"))
-            samples, relabelled = teaching.relabel_samples(acting, trajectories, self.config.success_threshold,
-                                                          self.config.max_seq_len, self.config.concurrency)
-            stats |= relabelled
-        return samples, stats
-
-    def prepare(self, groups):
+    def prepare(self, groups: list[TrajectoryGroup]) -> tuple[list[Sample], BatchStats, dict]:
+        """The groups' advantages, the teacher's signals, and the token samples they make."""
         advantages = grpo_advantages(groups, self.config)
         spans = grpo_span_rewards(groups, self.config)
         self.remember_advantages([t for g in groups for t in g.trajectories], [a for advs in advantages for a in advs])
@@ -189,10 +170,54 @@ class GRPOTrainer(Trainer):
                                 "zero_signal_share": uniform / len(groups) if groups else 1.0,
                                 "advantage_abs_mean_step0": sum(map(abs, first)) / max(len(first), 1), **taught}
 
-    def loss(self, logp, hidden, batch):
+    def objective(self, logp, hidden, batch):
+        """GRPO's loss on one microbatch (`losses.policy_objective`)."""
         return policy_objective(logp, self.old_logprobs(logp, batch), batch["sampler_logprobs"], batch["advantages"],
                                 batch["loss_mask"], self.reference_logprobs(batch), self.config,
                                 batch.get("guide_mask"), batch.get("relabel_mask"))
+
+    # ------------------------------------------------------------------ the teacher
+    def use_teacher(self, teacher: Teacher) -> None:
+        """Guide with this teacher from the next iteration (e.g. once the warm start recorded
+        the demonstrations it draws guides from); one that cannot give what the config asks
+        (`guidance`, `distill_beta`, `relabel_weight`) is refused, naming what is missing."""
+        check_teacher(teacher, self.config, self.tokenizer)
+        self.teacher = teacher
+
+    def train(self, rollout, tasks, iterations, *, resume=False):
+        if not self.follower:  # the leader collects; a follower has no teacher to check
+            check_teacher(self.teacher, self.config, self.tokenizer)  # before any rollout: nothing runs without one
+        return super().train(rollout, tasks, iterations, resume=resume)
+
+    def collect(self, rollout, tasks, it):
+        """The policy's own rollouts (the metrics are theirs alone), then guides for the groups it failed."""
+        groups, stats = super().collect(rollout, tasks, it)
+        if self.config.guidance is None:
+            return groups, stats
+        groups, guided = teaching.guide(self, groups, tasks, it)
+        return groups, {**stats, **guided}
+
+    def teach(self, groups: list[TrajectoryGroup]) -> tuple[list[Sample], dict]:
+        """The teacher's signals on the policy's own trajectories, every group's (a group that
+        failed alike is where they matter most): the teacher's log-probabilities of their tokens
+        (`step_teacher`, for distillation) and relabelled samples."""
+        trajectories = [t for g in groups for t in g.trajectories]
+        samples, stats = [], {}
+        self.step_teacher = {}
+        if self.config.distill_beta > 0:
+            self.step_teacher, failed = teaching.teacher_logprobs(self.teacher.policy, trajectories)
+            stats["distill_unscored_steps"] = failed
+        if self.config.relabel_weight > 0:
+            acting = teaching.acting_policy(self.teacher.policy, self.tokenizer, getattr(self.policy, "tool_format", "auto"))
+            samples, relabelled = teaching.relabel_samples(acting, trajectories, self.config.success_threshold,
+                                                          self.config.max_seq_len, self.config.concurrency)
+            stats |= relabelled
+        return samples, stats
+
+    def train_offline(self, store, config: OfflineConfig | None = None, **options) -> dict:
+        """One iteration learned from episodes recorded outside the loop, with their feedback
+        (`trainer/offline.py`); returns its metrics."""
+        return train_offline(self, store, config or OfflineConfig(), **options)
 
 
 __all__ = ["GRPOTrainer", "action_key", "grpo_advantages", "grpo_span_rewards", "state_key"]

@@ -23,18 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from forge_bridge.core.errors import InvalidArgument, Unsupported, WrongType
+from forge_bridge.core.errors import InvalidArgument, WrongType
 from forge_bridge.core.store import TrajectoryStore
 from forge_bridge.core.types import TRAINABLE_ENDS, Trajectory
 from forge_bridge.rewards.feedback import Combine, feedback_reward, mean
-from forge_bridge.trainer import distributed, runlog
 from forge_bridge.trainer.batch import build_samples
 from forge_bridge.trainer.config import OfflineConfig
 from forge_bridge.trainer.lora import save_adapter
 
 if TYPE_CHECKING:
     from forge_bridge.rewards.judges import RubricJudge
-    from forge_bridge.trainer.grpo import GRPOTrainer
+    from forge_bridge.trainer.loop import Trainer
 
 
 def rewards_of(store: TrajectoryStore, episodes: list[Trajectory], combine: Combine = mean,
@@ -57,19 +56,16 @@ def batch_advantages(rewards: list[float]) -> list[float]:
     return [0.0] * len(rewards) if std < 1e-8 else ((r - r.mean()) / std).tolist()
 
 
-def train_offline(trainer: "GRPOTrainer", store: TrajectoryStore, config: OfflineConfig = OfflineConfig(), *,
+def train_offline(trainer: "Trainer", store: TrajectoryStore, config: OfflineConfig = OfflineConfig(), *,
                   combine: Combine = mean, judge: "RubricJudge | None" = None) -> dict:
     """One iteration learned from the episodes in `store` (see the module docstring); returns its
     metrics. Nothing to learn from (no episode with a reward, or none of a kind `config` trains)
     is an `InvalidArgument` naming the counts: a run is never silently left untrained."""
-    from forge_bridge.trainer.grpo import GRPOTrainer
     from forge_bridge.trainer.sft import sft
 
-    if not isinstance(trainer, GRPOTrainer):
-        raise Unsupported(f"train_offline trains with GRPO's loss: got a {type(trainer).__name__}")
     if not isinstance(store, TrajectoryStore):
         raise WrongType(f"store: expected a TrajectoryStore, got {type(store).__name__}")
-    distributed.check_local(trainer, "train_offline")
+    trainer.ranks.check_local("train_offline")
     episodes = [t for t in store.iter(run_id=config.run_id, since=config.since, **(config.where or {}))
                 if t.end_reason in TRAINABLE_ENDS and not t.excluded and t.transitions]
     rewards = rewards_of(store, episodes, combine, judge)
@@ -94,7 +90,7 @@ def train_offline(trainer: "GRPOTrainer", store: TrajectoryStore, config: Offlin
     return finish(trainer, metrics, config.publish)
 
 
-def reinforce(trainer: "GRPOTrainer", own: list[tuple[Trajectory, float]]) -> dict:
+def reinforce(trainer: "Trainer", own: list[tuple[Trajectory, float]]) -> dict:
     """The policy-gradient step on the student's own episodes, per LoRA slot."""
     advantages = batch_advantages([r for _, r in own])
     stats: dict[str, float] = {"offline_reinforced_steps": 0}
@@ -107,26 +103,22 @@ def reinforce(trainer: "GRPOTrainer", own: list[tuple[Trajectory, float]]) -> di
                                        trainer.config.max_seq_len, trainer.config.merge_steps)
         samples = [s for s in samples if any(s.advantages)]
         if samples:
-            with trainer.training(slot):
-                stats.update({f"offline_{k}": v for k, v in distributed.run_update(trainer, samples).items()})
+            with trainer.learner.training(slot):
+                stats.update({f"offline_{k}": v for k, v in trainer.update(samples).items()})
             stats["offline_reinforced_steps"] += batch.samples
     return stats
 
 
-def finish(trainer: "GRPOTrainer", metrics: dict, publish: bool = True) -> dict:
+def finish(trainer: "Trainer", metrics: dict, publish: bool = True) -> dict:
     """Publish the next version (or only save it: `adapter_path`), log the iteration, checkpoint it."""
     n = trainer.iteration + 1
-    version = trainer.version_name(n)
-    path = trainer.out / "adapters" / version
+    path = trainer.publisher.path(n)
     if publish:
         trainer.publish(n)
     else:
         save_adapter(trainer.model, path)
-    metrics = {"iteration": n, "adapter": version, "adapter_path": str(path), "offline": 1, **metrics}
-    trainer.iteration = n
-    trainer.log(metrics)
-    trainer.save_checkpoint()
-    trainer.say(runlog.summary_line(metrics))
+    metrics = {"iteration": n, "adapter": trainer.version_name(n), "adapter_path": str(path), "offline": 1, **metrics}
+    trainer.end_iteration(metrics)
     return metrics
 
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import torch
@@ -71,21 +72,75 @@ def ppo_advantages(trajectories: Sequence[Trajectory], values: Sequence[torch.Te
     return advantages, targets
 
 
+def value_head(hidden_size: int) -> dict[str, tuple[torch.nn.Module, float]]:
+    """PPO's value head, zeroed (every value 0 at first), by name; its rate is set per trainer."""
+    head = torch.nn.Linear(hidden_size, 1)
+    torch.nn.init.zeros_(head.weight)
+    torch.nn.init.zeros_(head.bias)
+    return {"value_head": (head, 0.0)}
+
+
 class PPOTrainer(Trainer):
+    """PPO: GAE over the steps of each trajectory, with a value head beside the LoRA."""
+
     config: PPOConfig
     per_role_loras = False
 
-    def make_extra_modules(self, hidden_size: int) -> dict[str, torch.nn.Module]:
-        head = torch.nn.Linear(hidden_size, 1)
-        torch.nn.init.zeros_(head.weight)
-        torch.nn.init.zeros_(head.bias)
-        return {"value_head": head}
+    def heads(self, hidden_size: int) -> dict[str, tuple[torch.nn.Module, float]]:  # type: ignore[override]
+        return {name: (module, self.config.value_lr) for name, (module, _) in value_head(hidden_size).items()}
 
-    def param_groups(self, slot: str) -> list[dict]:
-        return super().param_groups(slot) + [{"params": list(self.extra_modules["value_head"].parameters()),
-                                           "lr": self.config.value_lr, "name": "value_head"}]
+    def run_iteration(self, rollout, tasks, it: int) -> dict:
+        """Iteration `it` (0-based): the recipe, top to bottom."""
+        t0 = time.perf_counter()
+        groups, metrics = self.collect(rollout, self.tasks_for(tasks, it), it)  # the agent's rollouts
+        t1 = time.perf_counter()
+        self.by_slot(groups)  # every step served from the slot this LoRA is published to
+        trajectories = [t for group in groups for t in group.trajectories]
+        values, value_mean = self.values(trajectories)  # V(s_t) of every step, from the value head
+        advantages, returns = ppo_advantages(trajectories, values, self.config,
+                                             [float(v[-1]) if len(v) else 0.0 for v in values])  # V(s_T) ~ V(s_{T-1})
+        self.remember_advantages(trajectories, advantages)
+        samples, batch = build_samples(trajectories, advantages, self.config.max_seq_len, self.config.merge_steps,
+                                       step_returns=returns, span_weight=self.config.span_weight)
+        self.record_credit(groups, samples, it + 1)
+        stats = self.update(samples) if samples else {}  # epochs x minibatches: forward, objective, step
+        t2 = time.perf_counter()
+        version = self.publish(it + 1)  # the live policy serves v(it + 1) from its next call
+        metrics = self.timed({"iteration": it + 1, "adapter": version, **metrics, "value_mean": value_mean,
+                              **{f"batch_{k}": v for k, v in vars(batch).items()}, **stats},
+                             t0, t1, t2, batch.trained_tokens)
+        self.end_iteration(metrics)  # metrics.jsonl, TensorBoard, a checkpoint
+        return metrics
 
-    def checkpoint_state(self) -> dict:
+    def values(self, trajectories: list[Trajectory]) -> tuple[list[torch.Tensor], float]:
+        """V(s_t) of every step, [S_i] per trajectory (0 for a step with no sample), and their mean."""
+        zeros = [torch.zeros(len(t.transitions)) for t in trajectories]
+        samples, _ = build_samples(trajectories, zeros, self.config.max_seq_len, merge=False)
+        learner, head = self.learner, self.learner.heads["value_head"]
+        values: dict[tuple[str, int], float] = {}
+        with torch.no_grad():
+            size = self.config.microbatch_size or self.config.minibatch_size
+            for chunk, _ in microbatches(samples, size, "token", learner.chunker):
+                batch = learner.collate(chunk)
+                _, hidden, _ = learner.score(batch)
+                v = read_values(head, hidden, batch["value_positions"])
+                for b, sample in enumerate(chunk):
+                    for k, step in enumerate(sample.steps):
+                        values[step] = float(v[b, k])
+        return ([torch.tensor([values.get((t.id, i), 0.0) for i in range(len(t.transitions))]) for t in trajectories],
+                sum(values.values()) / max(len(values), 1))
+
+    def objective(self, logp, hidden, batch):
+        """PPO's loss on one microbatch: the policy objective plus the value loss."""
+        loss, stats = policy_objective(logp, self.old_logprobs(logp, batch), batch["sampler_logprobs"],
+                                       batch["advantages"], batch["loss_mask"], self.reference_logprobs(batch),
+                                       self.config)
+        values = read_values(self.learner.heads["value_head"], hidden, batch["value_positions"])
+        vloss = value_loss(values, batch["returns"], batch["value_mask"])
+        stats["value_loss"] = float(vloss.detach())
+        return loss + self.config.value_coef * vloss, stats
+
+    def resumable_state(self) -> dict:
         return {"value_head_input": VALUE_INPUT}
 
     def check_resumable(self, state: dict, path) -> None:
@@ -93,43 +148,6 @@ class PPOTrainer(Trainer):
             raise InvalidState(f"checkpoint {path} holds a value head trained on another input "
                                f"({state.get('value_head_input') or 'the raw hidden state'}; this version reads the "
                                f"{VALUE_INPUT}): its values would be wrong. Start a new run (another out_dir).")
-
-    def _step_values(self, trajs) -> dict[tuple[str, int], float]:
-        """V(s_t) of every step, keyed (trajectory id, t)."""
-        zeros = [torch.zeros(len(t.transitions)) for t in trajs]
-        samples, _ = build_samples(trajs, zeros, self.config.max_seq_len, merge=False)
-        head = self.extra_modules["value_head"]
-        values: dict[tuple[str, int], float] = {}
-        with torch.no_grad():
-            size = self.config.microbatch_size or self.config.minibatch_size
-            for chunk, _ in microbatches(samples, size, "token", self.chunker):
-                batch = self.collate(chunk)
-                _, hidden, _ = self.score(batch)
-                v = read_values(head, hidden, batch["value_positions"])
-                for b, sample in enumerate(chunk):
-                    for k, step in enumerate(sample.steps):
-                        values[step] = float(v[b, k])
-        return values
-
-    def prepare(self, groups):
-        trajs = [t for group in groups for t in group.trajectories]
-        values = self._step_values(trajs)
-        per_step = [torch.tensor([values.get((t.id, i), 0.0) for i in range(len(t.transitions))]) for t in trajs]
-        advs, rets = ppo_advantages(trajs, per_step, self.config,
-                                    [float(v[-1]) if len(v) else 0.0 for v in per_step])  # V(s_T) ~ V(s_{T-1})
-        self.remember_advantages(trajs, advs)
-        samples, stats = build_samples(trajs, advs, self.config.max_seq_len, self.config.merge_steps,
-                                       step_returns=rets, span_weight=self.config.span_weight)
-        return samples, stats, {"value_mean": sum(values.values()) / max(len(values), 1)}
-
-    def loss(self, logp, hidden, batch):
-        loss, stats = policy_objective(logp, self.old_logprobs(logp, batch), batch["sampler_logprobs"],
-                                       batch["advantages"], batch["loss_mask"], self.reference_logprobs(batch),
-                                       self.config)
-        values = read_values(self.extra_modules["value_head"], hidden, batch["value_positions"])
-        vloss = value_loss(values, batch["returns"], batch["value_mask"])
-        stats["value_loss"] = float(vloss.detach())
-        return loss + self.config.value_coef * vloss, stats
 
 
 __all__ = ["PPOTrainer", "ppo_advantages", "read_values", "was_truncated"]

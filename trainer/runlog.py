@@ -1,23 +1,12 @@
-"""The run log: metrics (`metrics.jsonl` and TensorBoard), checkpoints, and resuming from them.
-
-A run killed at any point resumes from its last checkpoint: the LoRAs, optimizers, extra
-modules and random states come back, a metrics line logged after that checkpoint is dropped,
-and the rollouts of the interrupted iteration stay stored, marked `excluded`, while that
-iteration runs again with fresh ones.
-"""
+"""The run log: metrics (`metrics.jsonl` and TensorBoard), one line per iteration, and the line
+a person reads of each."""
 
 from __future__ import annotations
 
 import json
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from forge_bridge.trainer import checkpoint
-from forge_bridge.trainer.publish import WARM_START
-
-if TYPE_CHECKING:
-    from forge_bridge.trainer.loop import Trainer
+from typing import Any
 
 
 class RunLog:
@@ -100,40 +89,4 @@ def summary_line(metrics: dict) -> str:
     return line
 
 
-def save_checkpoint(trainer: "Trainer") -> Path:
-    """The trainer's LoRAs, optimizers, extra modules and random states at its current iteration."""
-    gathered = trainer.gathered if trainer.group is not None and trainer.group.sharded else None
-    return checkpoint.save(trainer.out / "checkpoints", trainer.iteration, trainer.model, trainer.optimizers,
-                           trainer.extra_modules, {"config": trainer.config.to_dict(),
-                                                   "trainer_rng": list(trainer.rng.getstate()[1]),
-                                                   **trainer.checkpoint_state()}, gathered)
-
-
-def resume(trainer: "Trainer") -> int:
-    """Continue the run in the trainer's folder from its last checkpoint (none: from the start);
-    returns the iteration it continues after."""
-    if (trainer.out / "reference" / "adapter_model.safetensors").is_file():
-        trainer.reference.load(trainer.model, trainer.out / "reference")
-    path = checkpoint.latest(trainer.out / "checkpoints")
-    if path is not None:  # refused before anything is restored: a refusal changes nothing
-        trainer.check_resumable(json.loads((path / "state.json").read_text()), path)
-    state = None if path is None else checkpoint.load(path, trainer.model, trainer.optimizers,
-                                                      trainer.extra_modules)
-    done = 0 if state is None else state["iteration"]
-    store = trainer.recorder.store
-    interrupted = [t.id for t in store.iter(run_id=trainer.run_id)
-                   if t.excluded is None and t.metadata.get("iteration", 0) > done]
-    store.exclude(interrupted, f"iteration {done + 1} was interrupted; it ran again on resume with fresh rollouts")
-    if state is None:
-        return trainer.iteration
-    trainer.iteration = state["iteration"]
-    trainer.rng.setstate((3, tuple(state["trainer_rng"]), None))
-    trainer.runlog.keep_until(trainer.iteration)
-    if trainer.iteration:
-        trainer.publish(trainer.iteration)
-    elif (trainer.out / "adapters" / trainer.version_name(WARM_START)).is_dir():
-        trainer.publish(WARM_START)  # the checkpoint holds the warm start's weights
-    return trainer.iteration
-
-
-__all__ = ["RunLog", "resume", "save_checkpoint", "summary_line"]
+__all__ = ["RunLog", "summary_line"]

@@ -8,23 +8,25 @@ negative log-likelihood of their completions.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
 from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.core.types import Trajectory
 from forge_bridge.policies.base import DEFAULT_SLOT
-from forge_bridge.trainer import distributed
 from forge_bridge.trainer.batch import build_samples
 from forge_bridge.trainer.config import SFTConfig
-from forge_bridge.trainer.logprobs import token_logprobs
-from forge_bridge.trainer.loop import Trainer
 from forge_bridge.trainer.lora import adapter_parameters
 from forge_bridge.trainer.losses import aggregate
 from forge_bridge.trainer.probe import ProbeReport
 from forge_bridge.trainer.publish import WARM_START
 from forge_bridge.trainer.rollouts import Rollout
+from forge_bridge.trainer.update import Stepping, optimizer_step, plan
+
+if TYPE_CHECKING:
+    from forge_bridge.trainer.loop import Trainer
 
 
 def sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -32,7 +34,7 @@ def sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return -aggregate(logp, mask, "token")
 
 
-def sft(trainer: Trainer, demonstrations: Sequence[Trajectory], config: SFTConfig = SFTConfig(), *,
+def sft(trainer: "Trainer", demonstrations: Sequence[Trajectory], config: SFTConfig = SFTConfig(), *,
         rollout: Rollout | None = None, held_out: Sequence[Any] | None = None, kind_key: str = "kind",
         on_epoch: Callable[[int], None] | None = None) -> dict:
     """The warm start: fit `trainer`'s LoRA to the demonstrations (trajectories recorded through
@@ -43,7 +45,7 @@ def sft(trainer: Trainer, demonstrations: Sequence[Trajectory], config: SFTConfi
     (`held_out_base`, `held_out_sft`: success per kind). With per-role LoRAs (`role_slots`),
     each role's demonstrations train its own LoRA (`sft_loss_first/<slot>`, ...). `on_epoch(k)`
     is called after each epoch k (from 1), the model in eval mode (per slot, with role slots)."""
-    distributed.check_local(trainer, "SFT")
+    trainer.ranks.check_local("SFT")
     demonstrations = list(demonstrations)
     trajs = [t for t in demonstrations if t.transitions]
     if not trajs:
@@ -63,7 +65,7 @@ def sft(trainer: Trainer, demonstrations: Sequence[Trajectory], config: SFTConfi
         samples, stats = build_samples(by_slot[slot], ones, trainer.config.max_seq_len, trainer.config.merge_steps)
         if not samples:
             continue
-        with trainer.training(slot):
+        with trainer.learner.training(slot):
             mine = _fit(trainer, samples, config, slot, desc="sft" if len(by_slot) == 1 else f"sft {slot}",
                         on_epoch=on_epoch)
         result["sft_samples"] += stats.samples
@@ -85,7 +87,7 @@ def sft(trainer: Trainer, demonstrations: Sequence[Trajectory], config: SFTConfi
         result["held_out_verdict"] = verdict(before, after)
         if trainer.config.progress:
             print(result["held_out_verdict"])
-    trainer.runlog.log_event("sft", {k: v for k, v in result.items() if isinstance(v, (int, float))}
+    trainer.run.log.log_event("sft", {k: v for k, v in result.items() if isinstance(v, (int, float))}
                              | {f"{key}/{kind}": v for key in ("held_out_base", "held_out_sft")
                                 for kind, v in result.get(key, {}).items()})
     return result
@@ -103,42 +105,37 @@ def verdict(before: ProbeReport, after: ProbeReport) -> str:
     return "\n".join(lines)
 
 
-def _fit(trainer: Trainer, samples: list, config: SFTConfig, slot: str, desc: str,
+def _fit(trainer: "Trainer", samples: list, config: SFTConfig, slot: str, desc: str,
          on_epoch: Callable[[int], None] | None = None) -> list[float]:
-    """`config.epochs` passes of NLL steps on the LoRA of `slot` (active: `trainer.training`);
-    the loss of every step."""
+    """`config.epochs` passes of NLL steps on the LoRA of `slot` (active: `learner.training`), each
+    the optimizer step RL takes (microbatches within `max_memory_gb`, the LoRA's gradient clipped),
+    with a fresh optimizer of its own; the loss of every step."""
     from tqdm.auto import tqdm
 
-    params = adapter_parameters(trainer.model, slot)
-    optimizer = torch.optim.AdamW(params, lr=config.lr)
-    trainer.model.train()
-    losses = []
-    size = config.batch_size or trainer.config.minibatch_size
-    steps = config.epochs * -(-len(samples) // size)
-    with tqdm(total=steps, desc=desc, disable=not trainer.config.progress) as bar:
+    learner, c = trainer.learner, trainer.config
+    samples = [dataclasses.replace(s, temperature=1.0) for s in samples]  # imitated as the model's own distribution
+    stepping = Stepping(torch.optim.AdamW(adapter_parameters(learner.model, slot), lr=config.lr), ("0",),
+                        (config.lr,), c.grad_clip, 0, c.microbatch_size, "token")
+    size = config.batch_size or c.minibatch_size
+    learner.model.train()
+    losses: list[float] = []
+    with tqdm(total=config.epochs * -(-len(samples) // size), desc=desc, disable=not c.progress) as bar:
         for epoch in range(1, config.epochs + 1):
-            order = list(range(len(samples)))
-            trainer.rng.shuffle(order)
-            for start in range(0, len(order), size):
-                batch = trainer.collate([samples[i] for i in order[start:start + size]])
-                trainer.attention(batch["input_ids"].shape[1])
-                with trainer.autocast():
-                    logp, _, _ = token_logprobs(trainer.model, batch["input_ids"], batch["attention_mask"],
-                                                batch["loss_mask"], share_prefix=trainer.share_prefix)
-                    loss = sft_loss(logp, batch["loss_mask"])
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, trainer.config.grad_clip)
-                optimizer.step()
-                losses.append(float(loss.detach()))
+            for minibatch in plan(trainer.run.rng, len(samples), 1, size)[0]:
+                stats = optimizer_step(learner, trainer.ranks, [samples[i] for i in minibatch], _objective, stepping)
+                losses.append(stats["loss"])
                 bar.update(1)
                 bar.set_postfix(loss=f"{losses[-1]:.3f}")
             if on_epoch is not None:
-                trainer.model.eval()
+                learner.model.eval()
                 on_epoch(epoch)
-                trainer.model.train()
-    trainer.model.eval()
+                learner.model.train()
+    learner.model.eval()
     return losses
+
+
+def _objective(logp: torch.Tensor, hidden: torch.Tensor, batch: dict) -> tuple[torch.Tensor, dict]:
+    return sft_loss(logp, batch["loss_mask"]), {}
 
 
 __all__ = ["SFTConfig", "sft", "sft_loss", "verdict"]

@@ -3,84 +3,93 @@
 Each step is one minibatch, its gradient accumulated over microbatches (each weighted by its share
 of what the loss averages over, so the step equals one pass over the whole minibatch), its
 parameter groups clipped each on its own, and its learning rate warmed up over the optimizer's
-first steps. The loss is the algorithm's (`Trainer.loss`); this module only runs it.
+first steps. The loss is the algorithm's (a `Loss`: GRPO's, PPO's or the warm start's objective);
+this module only runs it, the same for all three, alone or on a process group (`ranks`:
+`distributed.Alone` or `distributed.Ranks`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from random import Random
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
 from forge_bridge.trainer.batch import Sample
-from forge_bridge.trainer.distributed import assign, full_norm, reducing
 
 if TYPE_CHECKING:
-    from forge_bridge.trainer.loop import Trainer
+    from forge_bridge.trainer.distributed import Alone
+    from forge_bridge.trainer.learner import Learner
+
+Loss = Callable[[torch.Tensor, torch.Tensor, dict], tuple[torch.Tensor, dict]]
+"""(logp [B, T], hidden [B, T, H], collated batch) -> (the loss, its statistics): the algorithm's objective."""
 
 
-def plan(trainer: "Trainer", count: int) -> list[list[list[int]]]:
+@dataclass(frozen=True)
+class Stepping:
+    """How each optimizer step of an update is taken."""
+
+    optimizer: torch.optim.Optimizer
+    """The optimizer of the LoRA (and heads) being trained."""
+    names: tuple[str, ...]
+    """Its parameter groups' names ('0': the LoRA), for the gradient norms' metric names."""
+    base_lrs: tuple[float, ...]
+    """Each parameter group's learning rate after the warm-up."""
+    grad_clip: float
+    """Largest gradient norm of each parameter group."""
+    warmup_steps: int
+    """Optimizer steps over which the rates rise to `base_lrs` (0: none)."""
+    microbatch_size: int | None
+    """Largest microbatch (None: the whole minibatch, within the memory budget)."""
+    aggregation: str
+    """'token' or 'sequence': what the loss averages over, and so how microbatches are weighted."""
+
+
+def plan(rng: Random, count: int, epochs: int, minibatch_size: int) -> list[list[list[int]]]:
     """Which samples each optimizer step takes: epochs x minibatches x sample indices, each
-    epoch's order shuffled by the trainer's random generator."""
-    config, out = trainer.config, []
-    for _ in range(config.epochs):
+    epoch's order shuffled by `rng`."""
+    out = []
+    for _ in range(epochs):
         order = list(range(count))
-        trainer.rng.shuffle(order)
-        out.append([order[start:start + config.minibatch_size] for start in range(0, count, config.minibatch_size)])
+        rng.shuffle(order)
+        out.append([order[start:start + minibatch_size] for start in range(0, count, minibatch_size)])
     return out
 
 
-def update(trainer: "Trainer", samples: list[Sample], steps: list[list[list[int]]] | None = None) -> dict:
-    """The optimizer steps of `steps` (`plan`; None: a new plan) on the active LoRA; returns the
-    statistics averaged over the steps, and how many were taken. In a process group, every rank runs this
-    at once on the same samples and takes its share of each step (`trainer/distributed.py`)."""
-    steps = plan(trainer, len(samples)) if steps is None else steps
-    if len(steps) > 1 or len(steps[0]) > 1:
-        score_old(trainer, samples)  # later steps would otherwise see an already-moved policy
-    trainer.model.train()
+def update(learner: "Learner", ranks: "Alone", samples: list[Sample], steps: list[list[list[int]]], loss: Loss,
+           stepping: Stepping) -> dict:
+    """The optimizer steps of `steps` (`plan`) on the active LoRA; returns the statistics averaged
+    over the steps, and how many were taken. In a process group every rank runs this at once on
+    the same samples and takes its share of each step (`trainer/distributed.py`)."""
+    if len(steps) > 1 or len(steps[0]) > 1:  # later steps would otherwise see an already-moved policy
+        score_old(learner, ranks, samples, stepping.microbatch_size or max(len(m) for e in steps for m in e))
+    learner.model.train()
     totals: dict[str, float] = {}
     for epoch in steps:
         for indices in epoch:
-            stats = optimizer_step(trainer, [samples[i] for i in indices])
+            stats = optimizer_step(learner, ranks, [samples[i] for i in indices], loss, stepping)
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0.0) + v
-    trainer.model.eval()
+    learner.model.eval()
     taken = sum(map(len, steps))
     return {k: v / max(taken, 1) for k, v in totals.items()} | {"optimizer_steps": taken}
 
 
-def score_old(trainer: "Trainer", samples: list[Sample]) -> None:
+def score_old(learner: "Learner", ranks: "Alone", samples: list[Sample], size: int) -> None:
     """pi_old: the log-probabilities of every sample under the weights before this update (in a
     process group, each rank scores its share and they exchange the results)."""
-    size = trainer.config.microbatch_size or trainer.config.minibatch_size
-    chunks = [chunk for chunk, _ in microbatches(samples, size, "token", trainer.chunker)]
+    chunks = [chunk for chunk, _ in microbatches(samples, size, "token", learner.chunker)]
     scored = {}
     with torch.no_grad():
-        for k, chunk in my_share(trainer, [(c, 1.0) for c in chunks])[0]:
-            logp = trainer.score(trainer.collate(chunk))[0]
+        for k, chunk in ranks.share([(c, 1.0) for c in chunks])[0]:
+            logp = learner.score(learner.collate(chunk))[0]
             if k is not None:
                 scored[k] = [logp[b, :len(s.input_ids)].tolist() for b, s in enumerate(chunk)]
-    if trainer.group is not None:
-        scored = {k: v for part in trainer.group.gather(scored) for k, v in part.items()}
+    scored = {k: v for part in ranks.gather(scored) for k, v in part.items()}
     for k, chunk in enumerate(chunks):
         for sample, logp in zip(chunk, scored[k]):
             sample.trainer_logprobs = logp
-
-
-def my_share(trainer: "Trainer", chunks: list[tuple[list[Sample], float]]
-             ) -> tuple[list[tuple[int | None, list[Sample]]], list[int]]:
-    """The (index, chunk) pairs this process runs -- all of them alone; in a process group, its
-    share by tokens (`distributed.assign`), padded with index None (a chunk run for nothing) to
-    as many as any rank runs, since every rank must make the same collective calls -- and the
-    tokens each rank runs."""
-    group = trainer.group
-    sizes = [sum(len(s.input_ids) for s in c) for c, _ in chunks]
-    if group is None:
-        return list(enumerate(c for c, _ in chunks)), [sum(sizes)]
-    shares = assign(sizes, group.size)
-    mine, filler = shares[group.rank], min(range(len(chunks)), key=lambda i: sizes[i])
-    runs = [(i, chunks[i][0]) for i in mine] + [(None, chunks[filler][0])] * (max(map(len, shares)) - len(mine))
-    return runs, [sum(sizes[i] for i in share) for share in shares]
 
 
 def microbatches(minibatch: Sequence[Sample], size: int | None, aggregation: str,
@@ -101,39 +110,38 @@ def microbatches(minibatch: Sequence[Sample], size: int | None, aggregation: str
     return [(chunk, share / total) for chunk, share in zip(chunks, shares)]
 
 
-def optimizer_step(trainer: "Trainer", minibatch: list[Sample]) -> dict[str, float]:
-    """One optimizer step on the minibatch (PPO's value loss, averaged over steps rather than
-    tokens, is accumulated only approximately). In a process group each rank runs its share of
-    the microbatches, each weighted by its share of the whole minibatch times the world size
-    (torch averages the ranks' gradients), and the gradients are reduced on the last backward."""
-    optimizer, group = trainer.optimizer, trainer.group
+def optimizer_step(learner: "Learner", ranks: "Alone", minibatch: list[Sample], loss: Loss,
+                   stepping: Stepping) -> dict[str, float]:
+    """One optimizer step on the minibatch: forward, objective and backward per microbatch (each
+    weighted by its share of the minibatch; PPO's value loss, averaged over steps rather than
+    tokens, only approximately), then each parameter group clipped on its own, the warmed-up
+    rate, and the step. In a process group each rank runs its share of the microbatches, weighted
+    by the world size too (torch averages the ranks' gradients), reduced on the last backward."""
+    optimizer = stepping.optimizer
     optimizer.zero_grad(set_to_none=True)
-    size = trainer.config.microbatch_size or (-(-len(minibatch) // group.size) if group else None)
-    chunks = microbatches(minibatch, size, trainer.config.loss_aggregation, trainer.chunker)
-    weights = dict(enumerate(w * (group.size if group else 1) for _, w in chunks))
-    runs, loads = my_share(trainer, chunks)
+    size = stepping.microbatch_size or ranks.microbatch_size(len(minibatch))
+    chunks = microbatches(minibatch, size, stepping.aggregation, learner.chunker)
+    runs, loads = ranks.share(chunks)
     stats: dict[str, float] = {}
     for n, (k, chunk) in enumerate(runs):
-        weight = 0.0 if k is None else weights[k]
-        batch = trainer.collate(chunk)
-        with reducing(trainer, n == len(runs) - 1):
-            logp, hidden, entropy = trainer.score(batch, with_entropy=True)
-            with trainer.autocast():
-                loss, chunk_stats = trainer.loss(logp, hidden, batch)
-            (loss * weight).backward()
-        chunk_stats.update(loss=float(loss.detach()),
+        weight = 0.0 if k is None else chunks[k][1] * ranks.size  # k None: a filler chunk, run for nothing
+        batch = learner.collate(chunk)
+        with ranks.reducing(learner, n == len(runs) - 1):
+            logp, hidden, entropy = learner.score(batch, with_entropy=True)
+            with learner.autocast():
+                value, chunk_stats = loss(logp, hidden, batch)
+            (value * weight).backward()
+        chunk_stats.update(loss=float(value.detach()),
                            entropy=float(entropy.mean()) if entropy is not None and entropy.numel() else 0.0)
         for key, v in chunk_stats.items():
             stats[key] = stats.get(key, 0.0) + (0.0 if k is None else chunks[k][1] * v)
-    if group is not None:
-        stats = {key: sum(part.get(key, 0.0) for part in group.gather(stats)) for key in sorted(stats)}
-        stats.update(world_size=group.size, rank_tokens_max=max(loads), rank_tokens_min=min(loads))
+    stats = ranks.reduce(stats, loads)
     # each parameter group clipped on its own: a young value head's large gradient must not
     # shrink the LoRA's step (the first group is the LoRA; its norm is `grad_norm`)
-    for n, (group_params, name) in enumerate(zip(optimizer.param_groups, trainer.group_names[trainer.active_slot])):
-        norm = full_norm(torch.nn.utils.clip_grad_norm_(group_params["params"], trainer.config.grad_clip))
+    for n, (group, name) in enumerate(zip(optimizer.param_groups, stepping.names)):
+        norm = ranks.norm(torch.nn.utils.clip_grad_norm_(group["params"], stepping.grad_clip))
         stats["grad_norm" if n == 0 else f"grad_norm_{name}"] = norm
-    stats["lr"] = warm_up(optimizer, trainer.base_lrs[trainer.active_slot], trainer.config.warmup_steps)
+    stats["lr"] = warm_up(optimizer, stepping.base_lrs, stepping.warmup_steps)
     optimizer.step()
     return stats
 
@@ -150,4 +158,4 @@ def warm_up(optimizer: torch.optim.Optimizer, base_lrs: Sequence[float], warmup_
     return optimizer.param_groups[0]["lr"]
 
 
-__all__ = ["microbatches", "my_share", "optimizer_step", "plan", "score_old", "update", "warm_up"]
+__all__ = ["Loss", "Stepping", "microbatches", "optimizer_step", "plan", "score_old", "update", "warm_up"]

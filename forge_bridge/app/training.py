@@ -207,7 +207,7 @@ def _train(args: argparse.Namespace, policy, config, make_rollout, tasks) -> int
         if fresh and not args.no_probe:
             report = trainer.probe(rollout, tasks, kind_key=args.kind_key, require_kind=False)
             print(f"signal probe ({report.group_size} rollouts of each of the {len(tasks)} tasks):\n{report}")
-            trainer.runlog.log_event("probe", report.metrics())
+            trainer.run.log.log_event("probe", report.metrics())
         history = trainer.train(rollout, tasks, args.iterations, resume=args.resume)
     except RunExistsError as exc:
         print(f"forge-bridge train: {exc}", file=sys.stderr)

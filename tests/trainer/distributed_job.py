@@ -28,14 +28,14 @@ def run(model: str, out: str, strategy: str | None = None, iterations: int = 2, 
     policy = fb.LocalPolicy(model, device="cpu") if distributed.leader() else None
     trainer = fb.GRPOTrainer(policy, config, model=model)
     if kill_at is not None and trainer.follower:
-        execute, calls = distributed.execute, []
+        follow, calls = trainer.follow_update, []
 
         def dying(*args):
             calls.append(1)
             if len(calls) == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
-            return execute(*args)
-        distributed.execute = dying
+            return follow(*args)
+        trainer.follow_update = dying
     rollout = training_task.make_rollout(training_task.agent_for(policy)) if policy is not None else None
     try:
         return trainer.train(rollout, training_task.TASKS, iterations, resume=resume)

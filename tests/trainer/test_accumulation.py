@@ -6,7 +6,6 @@ import torch
 import forge_bridge as fb
 from forge_bridge.policies import models
 from forge_bridge.trainer.batch import Sample
-from forge_bridge.trainer.update import update
 
 
 def samples(vocab: int) -> list[Sample]:
@@ -29,7 +28,7 @@ def test_microbatches_give_the_same_step_as_one_pass(tmp_path, aggregation):
         trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
             lr=1e-2, minibatch_size=8, grad_clip=1e9, microbatch_size=micro, loss_aggregation=aggregation,
             out_dir=str(tmp_path / f"run-{micro}"), progress=False, seed=0, bf16=False))
-        stats = update(trainer, samples(trainer.tokenizer.vocab_size))
+        stats = trainer.update(samples(trainer.tokenizer.vocab_size))
         assert stats["optimizer_steps"] == 1
         # The accumulated gradient (Adam's step would hide its scale, and turn rounding-level
         # differences of near-zero entries into full-size steps).

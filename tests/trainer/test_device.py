@@ -15,7 +15,6 @@ from forge_bridge.policies.scripted import ScriptedPolicy
 from forge_bridge.trainer.batch import Sample
 from forge_bridge.trainer.config import GRPOConfig
 from forge_bridge.trainer.grpo import GRPOTrainer
-from forge_bridge.trainer.update import update
 
 
 def test_auto_prefers_cuda_then_mps_then_cpu(monkeypatch):
@@ -64,13 +63,13 @@ def _trainer(tmp_path, name: str, **config):
 
 def test_the_trainer_keeps_model_optimizer_and_batches_on_its_device(tmp_path):
     trainer = _trainer(tmp_path, "auto")  # device="auto" is the default
-    assert trainer.device == "cpu"
-    update(trainer, _samples())
+    assert trainer.learner.device == "cpu"
+    trainer.update(_samples())
     assert {p.device.type for p in trainer.model.parameters()} == {"cpu"}
-    state = [t for s in trainer.optimizer.state.values() for t in s.values()
+    state = [t for s in trainer.learner.optimizer.state.values() for t in s.values()
              if isinstance(t, torch.Tensor) and t.dim() > 0]
     assert state and {t.device.type for t in state} == {"cpu"}
-    assert {t.device.type for t in trainer.collate(_samples(2)).values()} == {"cpu"}
+    assert {t.device.type for t in trainer.learner.collate(_samples(2)).values()} == {"cpu"}
     # the default KL reference is the base with the adapter disabled: no second copy of the model
     assert trainer.reference.model is None
 
@@ -79,7 +78,7 @@ def test_gradient_checkpointing_gives_the_same_update(tmp_path):
     plain = _trainer(tmp_path, "plain")
     checkpointed = _trainer(tmp_path, "ckpt", gradient_checkpointing=True)
     assert checkpointed.model.get_base_model().model.gradient_checkpointing
-    a, b = update(plain, _samples()), update(checkpointed, _samples())
+    a, b = plain.update(_samples()), checkpointed.update(_samples())
     assert a["grad_norm"] > 0 and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
     trained = {n: p for n, p in plain.model.named_parameters() if p.requires_grad}
     for name, p in checkpointed.model.named_parameters():

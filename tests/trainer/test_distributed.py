@@ -147,7 +147,8 @@ def test_the_config_is_checked_and_a_lone_process_runs_as_usual(monkeypatch):
     with pytest.raises(InvalidArgument, match="value head"):
         fb.PPOConfig(distributed=fb.Distributed())
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    assert distributed.join(fb.Distributed()) is None and distributed.join(None) is None
+    assert isinstance(distributed.join(fb.Distributed()), distributed.Alone)
+    assert isinstance(distributed.join(None), distributed.Alone)
     assert distributed.leader()
 
 
@@ -157,13 +158,15 @@ def test_what_would_change_the_leader_alone_is_refused_once_spread(tmp_path):
     model = models.save(*models.tiny(), tmp_path / "tiny")
     policy = fb.ScriptedPolicy([], models.load_tokenizer(model))
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(out_dir=str(tmp_path / "run"), progress=False), model=str(model))
-    trainer.group = SimpleNamespace(spread=True, leader=True)  # a stand-in for a group past its first update
+    ranks = object.__new__(distributed.Ranks)  # a job's leader past its first update, without the job
+    ranks.spread, ranks.leader, ranks.failed = True, True, None
+    trainer.ranks = ranks
     for call in (trainer.resume, trainer.freeze_reference, lambda: fb.sft(trainer, [])):
         with pytest.raises(Unsupported, match="first distributed update"):
             call()
-    trainer.group = SimpleNamespace(failed="Connection closed by peer")
+    ranks.failed = "Connection closed by peer"
     with pytest.raises(InvalidState, match="restart the job"):
-        distributed.check_usable(trainer.group)
+        ranks.check_usable()
 
 
 def test_the_command_line_spreads_the_update_with_nproc(choice_dir, tmp_path):

@@ -10,7 +10,7 @@ import forge_bridge as fb
 from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.policies import models
 from forge_bridge.trainer.memory import GiB, MemoryEstimate, chunk_by_budget, resident_gb
-from forge_bridge.trainer.update import microbatches, update
+from forge_bridge.trainer.update import microbatches
 
 from test_accumulation import samples
 
@@ -63,8 +63,8 @@ def test_the_same_step_under_a_budget_and_an_impossible_budget_refused(tmp_path)
             progress=False, seed=0, bf16=False))
         if budget is not None:  # a budget that holds two rows of the longest sample: three microbatches
             estimate = MemoryEstimate(0.0, GiB / (2 * 14), 0.0)
-            trainer.chunker = partial(chunk_by_budget, estimate=estimate, budget_gb=1.0)
-        update(trainer, samples(trainer.tokenizer.vocab_size))
+            trainer.learner.chunker = partial(chunk_by_budget, estimate=estimate, budget_gb=1.0)
+        trainer.update(samples(trainer.tokenizer.vocab_size))
         grads.append({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.requires_grad})
     for name, value in grads[0].items():
         torch.testing.assert_close(grads[1][name], value, atol=1e-5, rtol=1e-3)
@@ -79,13 +79,13 @@ def test_the_same_step_under_a_budget_and_an_impossible_budget_refused(tmp_path)
 def test_long_batches_run_sdpa_and_score_as_eager_attention_does(tmp_path):
     policy = fb.LocalPolicy(str(models.save(*models.tiny(), tmp_path / "tiny")))
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(out_dir=str(tmp_path / "run"), progress=False, bf16=False))
-    batch = trainer.collate(samples(trainer.tokenizer.vocab_size))  # 14 tokens
+    batch = trainer.learner.collate(samples(trainer.tokenizer.vocab_size))  # 14 tokens
     base = trainer.model.get_base_model()
     scores = {}
     for eager_up_to in (1 << 30, 8):  # the second: 14 tokens count as long
-        trainer.eager_up_to = eager_up_to
+        trainer.learner.eager_up_to = eager_up_to
         trainer.model.zero_grad()
-        logp, _, _ = trainer.score(batch)
+        logp, _, _ = trainer.learner.score(batch)
         (logp * batch["loss_mask"]).sum().backward()
         scores[base.config._attn_implementation] = (logp.detach(), [p.grad.clone() for p in trainer.model.parameters()
                                                                     if p.requires_grad])

@@ -66,22 +66,22 @@ def test_the_frozen_reference_is_the_warm_start_and_survives_a_resume(tiny_polic
 def test_the_learning_rate_warms_up_over_the_first_steps_and_resumes_where_it_was(tiny_policy, tmp_path):
     config = fb.GRPOConfig(lr=1e-3, warmup_steps=4, out_dir=str(tmp_path / "run"), progress=False)
     trainer = fb.GRPOTrainer(tiny_policy, config)
-    params = [p for g in trainer.optimizer.param_groups for p in g["params"]]
+    params = [p for g in trainer.learner.optimizer.param_groups for p in g["params"]]
 
     def step() -> float:
         for p in params:
             p.grad = torch.full_like(p, 1e-3)
-        lr = warm_up(trainer.optimizer, trainer.base_lrs["default"], config.warmup_steps)
-        trainer.optimizer.step()
+        lr = warm_up(trainer.learner.optimizer, trainer.learner.base_lrs["default"], config.warmup_steps)
+        trainer.learner.optimizer.step()
         return lr
 
     assert [step() for _ in range(3)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4])
-    trainer.iteration = 1
+    trainer.run.iteration = 1
     trainer.save_checkpoint()
     resumed = fb.GRPOTrainer(tiny_policy, config)
     resumed.resume()
     trainer = resumed
-    params = [p for g in trainer.optimizer.param_groups for p in g["params"]]
+    params = [p for g in trainer.learner.optimizer.param_groups for p in g["params"]]
     assert [step() for _ in range(2)] == pytest.approx([1e-3, 1e-3])
     with pytest.raises(ValueError, match="warmup_steps"):
         fb.GRPOConfig(warmup_steps=-1)

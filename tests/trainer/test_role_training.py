@@ -49,9 +49,9 @@ def test_each_role_trains_its_own_lora_and_the_live_crew_serves_each_role_its_ne
     config = fb.GRPOConfig(group_size=3, lr=5e-3, role_slots=SLOTS, out_dir=str(tmp_path / "run"),
                            run_name="crew", progress=False, seed=0)
     trainer = fb.GRPOTrainer(policy, config, model=str(taught_model_dir))
-    assert trainer.slots == ["default", "researcher", "writer"]
+    assert trainer.learner.slots == ["default", "researcher", "writer"]
     # the optimizers hold disjoint parameters: one role's step cannot move another's LoRA
-    owned = {slot: {id(p) for g in opt.param_groups for p in g["params"]} for slot, opt in trainer.optimizers.items()}
+    owned = {slot: {id(p) for g in opt.param_groups for p in g["params"]} for slot, opt in trainer.learner.optimizers.items()}
     assert not (owned["researcher"] & owned["writer"]) and not (owned["default"] & owned["writer"])
     try:
         history = trainer.train(crew_rollout(policy), [{"id": "paris"}], iterations=2)
@@ -92,8 +92,8 @@ def test_each_role_trains_its_own_lora_and_the_live_crew_serves_each_role_its_ne
         again.resume()
         torch.testing.assert_close(lora_B(again, "writer"), writer)
         torch.testing.assert_close(lora_B(again, "researcher"), researcher)
-        assert again.optimizers["writer"].state and again.optimizers["researcher"].state
-        assert not again.optimizers["default"].state  # never stepped
+        assert again.learner.optimizers["writer"].state and again.learner.optimizers["researcher"].state
+        assert not again.learner.optimizers["default"].state  # never stepped
     finally:
         again.close()
     fresh = fb.LocalPolicy(str(taught_model_dir))  # declares no role slots: the config's alone count
@@ -158,7 +158,7 @@ def test_the_mapping_given_once_to_the_crew_is_the_one_the_trainer_trains_and_pu
                                                    run_name="crew", progress=False, seed=0),
                              model=str(taught_model_dir))
     try:
-        assert trainer.slots == ["default", "researcher", "writer"] and trainer.role_slots == SLOTS
+        assert trainer.learner.slots == ["default", "researcher", "writer"] and trainer.role_slots == SLOTS
         trainer.train(rollout, [{"id": "paris"}], iterations=1)
     finally:
         trainer.close()
@@ -172,7 +172,7 @@ def test_a_crew_served_from_slots_the_trainer_does_not_train_is_refused_naming_b
     policy = fb.LocalPolicy(str(taught_model_dir))
     config = fb.GRPOConfig(group_size=2, out_dir=str(tmp_path / "run"), run_name="crew", progress=False, seed=0)
     trainer = fb.GRPOTrainer(policy, config, model=str(taught_model_dir))  # made before the crew's LLM
-    assert trainer.slots == ["default"]
+    assert trainer.learner.slots == ["default"]
     rollout = crew_rollout(policy)
     before = lora_B(trainer, "default").clone()
     try:

@@ -37,7 +37,7 @@ def test_rl_improves_the_success_rate_and_moves_only_the_lora(algo, choice_model
                else fb.PPOTrainer(policy, fb.PPOConfig(**common)))
     base_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" not in n}
     lora_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
-    value_before = [p.detach().clone() for m in trainer.extra_modules.values() for p in m.parameters()]
+    value_before = [p.detach().clone() for m in trainer.learner.heads.values() for p in m.parameters()]
     history = trainer.train(rollout, training_task.TASKS, iterations=12)
     after = success_rate(rollout)
     print(f"{algo}: success {before:.2f} -> {after:.2f}; rewards per iteration "
@@ -50,7 +50,7 @@ def test_rl_improves_the_success_rate_and_moves_only_the_lora(algo, choice_model
     assert any(not torch.equal(p, lora_before[n]) for n, p in trainer.model.named_parameters() if "lora_" in n)
     if algo == "ppo":
         assert any(not torch.equal(p, v) for p, v in zip(
-            (p for m in trainer.extra_modules.values() for p in m.parameters()), value_before))
+            (p for m in trainer.learner.heads.values() for p in m.parameters()), value_before))
         assert all(h["grad_norm_value_head"] > 0 and h["grad_norm"] > 0 for h in history)  # clipped each on its own
         assert all(-0.5 < h["value_mean"] < 1.5 for h in history), [h["value_mean"] for h in history]  # rewards in [0, 1]
     # The metrics, the run folder and the live policy agree.
