@@ -29,6 +29,7 @@ demo: $(STAMP)
 	$(VENV)/bin/forge-bridge demo
 
 test: system $(STAMP) $(VLLM_STAMP) core models
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 	@# from its own folder: the checkout's forge_bridge/ must not shadow the installed core
 	cd tests/core_only && ../../$(CORE_VENV)/bin/python -m pytest -q -p no:cacheprovider .

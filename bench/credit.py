@@ -73,7 +73,7 @@ def run_seed(seed: int, args) -> dict:
     from forge_bridge.core.store import TrajectoryStore
     from forge_bridge.policies.scripted import ScriptedPolicy
     from forge_bridge.trainer.lora import load_adapter_weights, save_adapter
-    from forge_bridge.trainer.publish import WARM_START
+    from forge_bridge.trainer.run import WARM_START
     from forge_bridge.trainer.sft import SFTConfig, sft as warm_start
 
     torch.manual_seed(seed)

@@ -13,12 +13,23 @@ from forge_bridge.adapters.wrap import wrap
 from forge_bridge.core.episode import Episode, Recorder, current_episode, episode
 from forge_bridge.core.errors import (
     AdapterError,
+    AgentError,
+    ContextLengthExceeded,
+    EpisodeClosed,
     ForgeBridgeError,
+    InvalidArgument,
+    InvalidState,
+    MissingExtra,
+    NotFound,
     PolicyError,
     PolicyResponseError,
     PolicyUnavailable,
+    RunExistsError,
+    SandboxUnavailable,
     SchemaError,
     StoreError,
+    Unsupported,
+    WrongType,
 )
 from forge_bridge.core.recording import StepRewards
 from forge_bridge.core.store import TrajectoryStore
@@ -27,15 +38,21 @@ from forge_bridge.envs.base import Environment, StepResult
 from forge_bridge.policies.base import Policy, PolicyOutput, sampling
 
 if TYPE_CHECKING:  # what type checkers and IDEs see for the lazy names
+    from forge_bridge.envs.harness import HarnessAgent
     from forge_bridge.policies.local import LocalPolicy
     from forge_bridge.policies.scripted import ScriptedPolicy
+    from forge_bridge.policies.upstream import UpstreamPolicy
     from forge_bridge.policies.vllm import VLLMPolicy
     from forge_bridge.policies.vllm_server import VLLMServer
+    from forge_bridge.serving.command_rollout import CommandRollout
     from forge_bridge.serving.gateway import Gateway
-    from forge_bridge.trainer.config import Distributed, GRPOConfig, Guidance, OfflineConfig, PPOConfig, SFTConfig
+    from forge_bridge.serving.promotion import Gate, Promotion
+    from forge_bridge.trainer.config import (Distributed, GRPOConfig, Guidance, OfflineConfig, PPOConfig, SFTConfig,
+                                             TrainerConfig)
     from forge_bridge.trainer.demonstrations import import_demonstrations, read_demonstrations, record_demonstrations
     from forge_bridge.trainer.grpo import GRPOTrainer
     from forge_bridge.trainer.ppo import PPOTrainer
+    from forge_bridge.trainer.rollouts import RolloutError
     from forge_bridge.trainer.sft import sft
     from forge_bridge.rewards.feedback import feedback
     from forge_bridge.trainer.teacher import Teacher
@@ -48,6 +65,13 @@ _LAZY = {
     "VLLMPolicy": "forge_bridge.policies.vllm",
     "VLLMServer": "forge_bridge.policies.vllm_server",
     "Gateway": "forge_bridge.serving.gateway",
+    "CommandRollout": "forge_bridge.serving.command_rollout",
+    "Promotion": "forge_bridge.serving.promotion",
+    "Gate": "forge_bridge.serving.promotion",
+    "HarnessAgent": "forge_bridge.envs.harness",
+    "UpstreamPolicy": "forge_bridge.policies.upstream",
+    "RolloutError": "forge_bridge.trainer.rollouts",
+    "TrainerConfig": "forge_bridge.trainer.config",
     "GRPOTrainer": "forge_bridge.trainer.grpo",
     "PPOTrainer": "forge_bridge.trainer.ppo",
     "GRPOConfig": "forge_bridge.trainer.config",
@@ -78,10 +102,14 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "Action", "AdapterError", "Distributed", "Environment", "Episode", "Feedback", "ForgeBridgeError", "GRPOConfig",
-    "GRPOTrainer", "Gateway", "Guidance", "LocalPolicy", "Observation", "OfflineConfig", "PPOConfig", "PPOTrainer", "Policy",
-    "PolicyError", "PolicyOutput", "PolicyResponseError", "PolicyUnavailable", "Recorder",
-    "SFTConfig", "SchemaError", "ScriptedPolicy", "StepResult", "StepRewards", "StoreError", "Teacher", "ToolCall", "Trajectory", "TrajectoryGroup",
-    "TrajectoryStore", "Transition", "VLLMPolicy", "VLLMServer", "__version__", "current_episode",
-    "episode", "feedback", "import_demonstrations", "read_demonstrations", "record_demonstrations", "sampling", "sft", "wrap",
+    "Action", "AdapterError", "AgentError", "CommandRollout", "ContextLengthExceeded", "Distributed", "Environment",
+    "Episode", "EpisodeClosed", "Feedback", "ForgeBridgeError", "GRPOConfig", "GRPOTrainer", "Gate", "Gateway",
+    "Guidance", "HarnessAgent", "InvalidArgument", "InvalidState", "LocalPolicy", "MissingExtra", "NotFound",
+    "Observation", "OfflineConfig", "PPOConfig", "PPOTrainer", "Policy", "PolicyError", "PolicyOutput",
+    "PolicyResponseError", "PolicyUnavailable", "Promotion", "Recorder", "RolloutError", "RunExistsError",
+    "SFTConfig", "SandboxUnavailable", "SchemaError", "ScriptedPolicy", "StepResult", "StepRewards", "StoreError",
+    "Teacher", "ToolCall", "TrainerConfig", "Trajectory", "TrajectoryGroup", "TrajectoryStore", "Transition",
+    "Unsupported", "UpstreamPolicy", "VLLMPolicy", "VLLMServer", "WrongType", "__version__", "current_episode",
+    "episode", "feedback", "import_demonstrations", "read_demonstrations", "record_demonstrations", "sampling", "sft",
+    "wrap",
 ]

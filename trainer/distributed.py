@@ -31,11 +31,15 @@ from forge_bridge.trainer.config import Distributed
 
 if TYPE_CHECKING:
     from forge_bridge.trainer.batch import Sample
-    from forge_bridge.trainer.learner import Learner
-    from forge_bridge.trainer.reference import Reference
+
+Learner = Any
+"""The trainer's `learner.Learner` (its LoRAs, optimizers, wrapped bodies), named here without
+importing it: the learner uses this module, not the other way round."""
+Reference = Any
+"""The trainer's `learner.Reference` (the frozen KL reference's weights travel with the model)."""
 
 Chunks = list[tuple[list["Sample"], float]]
-"""A minibatch's microbatches with their weights (`update.microbatches`)."""
+"""A minibatch's microbatches with their weights (`learner.microbatches`)."""
 
 
 class Alone:
@@ -63,7 +67,7 @@ class Alone:
         """A step's statistics over every process: this one's."""
         return stats
 
-    def reducing(self, learner: "Learner", now: bool) -> Any:
+    def reducing(self, learner: Learner, now: bool) -> Any:
         """Whether a backward pass reduces the gradients over the processes: nothing to reduce."""
         return nullcontext()
 
@@ -75,7 +79,7 @@ class Alone:
         """Refuse what would change one process's weights alone: there is only one."""
 
     @contextmanager
-    def updating(self, learner: "Learner", reference: "Reference", slot: str, samples: list["Sample"],
+    def updating(self, learner: Learner, reference: Reference, slot: str, samples: list["Sample"],
                  steps: list) -> Iterator[None]:
         """Around one update: nothing to send, spread or gather."""
         yield
@@ -88,7 +92,7 @@ class Alone:
         """`train()` on this process: the whole loop (`lead`)."""
         return lead()
 
-    def leave(self, learner: "Learner") -> None:
+    def leave(self, learner: Learner) -> None:
         """End the process group: there is none."""
 
 
@@ -160,7 +164,7 @@ class Ranks:
         out = {key: sum(part.get(key, 0.0) for part in self.gather(stats)) for key in sorted(stats)}
         return out | {"world_size": self.size, "rank_tokens_max": max(loads), "rank_tokens_min": min(loads)}
 
-    def reducing(self, learner: "Learner", now: bool) -> Any:
+    def reducing(self, learner: Learner, now: bool) -> Any:
         """Whether this backward pass reduces the gradients over a DDP group (the last of a step's
         microbatches) or only accumulates them here (`no_sync`); FSDP2 reduce-scatters each one."""
         body = learner.bodies.get(learner.active_slot)
@@ -183,7 +187,7 @@ class Ranks:
             raise InvalidState(f"the process group failed earlier ({self.failed}): restart the job and resume the run")
 
     @contextmanager
-    def updating(self, learner: "Learner", reference: "Reference", slot: str, samples: list["Sample"],
+    def updating(self, learner: Learner, reference: Reference, slot: str, samples: list["Sample"],
                  steps: list) -> Iterator[None]:
         """Around one update, on every rank: the leader sends the samples and their plan to the
         others (waiting in `follow`), the model is spread the first time, and under FSDP2 the full
@@ -231,7 +235,7 @@ class Ranks:
                 return
             update(*command[1:])
 
-    def spread_model(self, learner: "Learner", reference: "Reference") -> None:
+    def spread_model(self, learner: Learner, reference: Reference) -> None:
         """Give every rank the leader's weights, then wrap the body in DDP or shard it with FSDP2."""
         slots = self.broadcast(learner.slots)
         if slots != learner.slots:
@@ -257,7 +261,7 @@ class Ranks:
             self.shard(learner, body)
         self.spread = True
 
-    def shard(self, learner: "Learner", body: torch.nn.Module) -> None:
+    def shard(self, learner: Learner, body: torch.nn.Module) -> None:
         """FSDP2: each decoder layer, then the body, sharded over the ranks; the optimizers remade on
         the sharded parameters with their state's shards."""
         from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
@@ -279,7 +283,7 @@ class Ranks:
             for index, entry in before[slot]["state"].items():
                 optimizer.state[params[index]] = {k: _shard_like(v, params[index]) for k, v in entry.items()}
 
-    def gather_state(self, learner: "Learner") -> dict:
+    def gather_state(self, learner: Learner) -> dict:
         """FSDP2: the full LoRA weights and optimizer states, gathered from the shards (every rank
         takes part; the leader keeps them for publishing and checkpoints)."""
         from forge_bridge.trainer.lora import is_lora
@@ -293,7 +297,7 @@ class Ranks:
                 for index, entry in sorted(state["state"].items())}}
         return {"weights": weights, "optimizers": optimizers}
 
-    def leave(self, learner: "Learner") -> None:
+    def leave(self, learner: Learner) -> None:
         """End the process group this process started, before the interpreter exits: a gloo group
         left to the exit can abort the process ('terminate called without an active exception')."""
         import torch.distributed as dist

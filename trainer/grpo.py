@@ -32,7 +32,7 @@ from forge_bridge.trainer.advantages import (
     step_rewards,
 )
 from forge_bridge.trainer import teacher as teaching
-from forge_bridge.trainer.batch import BatchStats, Sample, build_samples, span_rewards
+from forge_bridge.trainer.batch import BatchStats, Sample, build_samples, span_rewards, trained_tokens_per_step
 from forge_bridge.trainer.config import GRPOConfig, OfflineConfig
 from forge_bridge.trainer.loop import Trainer
 from forge_bridge.trainer.losses import policy_objective
@@ -125,7 +125,7 @@ class GRPOTrainer(Trainer):
         for slot, mine in self.by_slot(groups):  # each LoRA on its own roles' groups
             with self.learner.training(slot):
                 samples, batch, stats = self.prepare(mine)  # advantages -> token samples
-                self.record_credit(mine, samples, it + 1)
+                self.record_credit(mine, trained_tokens_per_step(samples), it + 1)
                 stats |= self.update(samples) if samples else {}  # epochs x minibatches: forward, objective, step
             trained_tokens += batch.trained_tokens
             stats |= {f"batch_{k}": v for k, v in vars(batch).items()}

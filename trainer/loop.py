@@ -3,10 +3,10 @@ each algorithm's recipe calls.
 
 A trainer is made of parts, each with one job:
 
-    learner    the model with a LoRA per slot, their optimizers, any heads, and scoring (`learner.py`)
+    learner    the model with a LoRA per slot, their optimizers, any heads, scoring, the update (`learner.py`)
     run        the run folder: its id, store, metrics, checkpoints, random state (`run.py`)
-    reference  the model the KL term compares with (`reference.py`)
-    publisher  each version saved and served to the live policy (`publish.py`)
+    reference  the model the KL term compares with (`learner.py`)
+    publisher  each version saved and served to the live policy (`run.py`)
     ranks      alone, or this process's place in a job of several (`distributed.py`)
 
 Each algorithm's `run_iteration` is its recipe, top to bottom, in its own file (`grpo.py`,
@@ -24,21 +24,15 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 
 from forge_bridge.core.episode import Recorder
-from forge_bridge.core.errors import InvalidArgument, Unsupported, WrongType
+from forge_bridge.core.errors import InvalidArgument, InvalidState, Unsupported, WrongType
 from forge_bridge.core.types import Trajectory, TrajectoryGroup
 from forge_bridge.policies.base import DEFAULT_SLOT, Policy
-from forge_bridge.policies.device import resolve_device
 from forge_bridge.trainer import distributed, rollouts
 from forge_bridge.trainer.batch import Sample
 from forge_bridge.trainer.config import TrainerConfig
-from forge_bridge.trainer.learner import Heads, Learner
-from forge_bridge.trainer.publish import WARM_START, Publisher
-from forge_bridge.trainer.reference import Reference
+from forge_bridge.trainer.learner import Heads, Learner, Reference, plan
 from forge_bridge.trainer.rollouts import Rollout, TaskSchedule
-from forge_bridge.trainer.run import RunFolder
-from forge_bridge.trainer.runlog import summary_line
-from forge_bridge.trainer.slots import check_served, role_slots
-from forge_bridge.trainer.update import plan, update as take_steps
+from forge_bridge.trainer.run import WARM_START, Publisher, RunFolder, summary_line
 
 if TYPE_CHECKING:
     from forge_bridge.trainer.probe import ProbeReport
@@ -72,8 +66,7 @@ class Trainer:
             raise Unsupported(f"{type(self).__name__} trains one LoRA for every role, but the policy serves roles "
                               f"from their own slots ({self.role_slots}): train per-role LoRAs with GRPO")
         slots = [DEFAULT_SLOT] + sorted(set(self.role_slots.values()) - {DEFAULT_SLOT})
-        self.learner = Learner(str(source), config, slots, self.ranks.device(resolve_device(config.device)),
-                               self.heads)
+        self.learner = Learner(str(source), config, slots, self.ranks, self.heads)
         self.reference = Reference()
         """The KL reference (the base model until `freeze_reference`)."""
         self.publisher = Publisher(policy, Path(config.out_dir) / "adapters", config.run_name, slots)
@@ -92,7 +85,7 @@ class Trainer:
         raise NotImplementedError
 
     def objective(self, logp: torch.Tensor, hidden: torch.Tensor, batch: dict) -> tuple[torch.Tensor, dict]:
-        """The algorithm's loss on one collated microbatch (an `update.Loss`)."""
+        """The algorithm's loss on one collated microbatch (a `learner.Loss`)."""
         raise NotImplementedError
 
     def resumable_state(self) -> dict:
@@ -157,7 +150,7 @@ class Trainer:
                 if slot == DEFAULT_SLOT or slot in slots]
 
     def update(self, samples: list[Sample]) -> dict:
-        """The active slot's optimizer steps on these samples (`update.update`: epochs x
+        """The active slot's optimizer steps on these samples (`Learner.update`: epochs x
         minibatches, each forward, objective, backward, clip and step), on every rank of a job."""
         c = self.config
         steps = plan(self.run.rng, len(samples), c.epochs, c.minibatch_size)
@@ -170,7 +163,7 @@ class Trainer:
 
     def _update(self, slot: str, samples: list[Sample], steps: list) -> dict:
         with self.ranks.updating(self.learner, self.reference, slot, samples, steps):
-            return take_steps(self.learner, self.ranks, samples, steps, self.objective, self.learner.stepping())
+            return self.learner.update(samples, steps, self.objective, self.learner.stepping())
 
     def publish(self, n: int | str) -> str:
         """Publish version `n` of every LoRA (an iteration, or `WARM_START`); returns the shared
@@ -187,9 +180,10 @@ class Trainer:
         self.run.end_iteration(metrics, self.learner, self.resumable_state(), self.ranks.full_state())
         self.say(summary_line(metrics))
 
-    def record_credit(self, groups: list[TrajectoryGroup], samples: list[Sample], iteration: int) -> None:
-        """Store what this iteration made of each step (`RunFolder.record_credit`)."""
-        self.run.record_credit(groups, samples, iteration, self.step_advantages, self.step_teacher)
+    def record_credit(self, groups: list[TrajectoryGroup], trained: dict[tuple[str, int], int], iteration: int) -> None:
+        """Store what this iteration made of each step: its advantage, and the tokens trained
+        (`batch.trained_tokens_per_step`) (`RunFolder.record_credit`)."""
+        self.run.record_credit(groups, trained, iteration, self.step_advantages, self.step_teacher)
 
     def remember_advantages(self, trajectories: Sequence[Trajectory], advantages: Sequence[torch.Tensor]) -> None:
         """Keep what the advantages gave each step ([S_i] per trajectory), for `record_credit`."""
@@ -224,7 +218,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ the reference
     def old_logprobs(self, logp: torch.Tensor, batch: dict) -> torch.Tensor:
-        """pi_old [B, T]: the trainer's own log-probabilities before this update (`update.score_old`),
+        """pi_old [B, T]: the trainer's own log-probabilities before this update (`Learner.score_old`),
         or, when the update is a single optimizer step, the current ones without gradient (the
         same numbers, no extra pass)."""
         return batch["trainer_logprobs"] if "trainer_logprobs" in batch else logp.detach()
@@ -332,4 +326,30 @@ class Trainer:
         self.ranks.leave(self.learner)
 
 
-__all__ = ["Trainer"]
+def role_slots(configured: dict[str, str] | None, declared: dict[str, str]) -> dict[str, str]:
+    """The role -> slot mapping a trainer trains by: the config's and the policy's declared one
+    together; a role the two put in different slots is refused, naming both."""
+    configured = configured or {}
+    clash = {role: (slot, declared[role]) for role, slot in configured.items() if declared.get(role, slot) != slot}
+    if clash:
+        raise InvalidArgument("role_slots: " + "; ".join(
+            f"role {role!r} is in slot {mine!r} here but the policy serves it from {theirs!r}"
+            for role, (mine, theirs) in clash.items()) + f" (GRPOConfig(role_slots={configured}), policy: {declared})")
+    return {**declared, **configured}
+
+
+def check_served(role: str | None, slot: str, trajectories: Sequence[Trajectory], mapping: dict[str, str]) -> str:
+    """`slot`, the one a role's trajectories would train, once checked against the slots that
+    served their steps: a LoRA trained on one slot's steps and published to another would never
+    serve them (the crew would not improve), so a mismatch is refused, naming both mappings."""
+    served = {s.slot for t in trajectories for s in t.transitions if s.slot is not None}
+    if served - {slot}:
+        raise InvalidState(
+            f"role {role!r} was served from slot {', '.join(sorted(served))} but this trainer would train "
+            f"slot {slot!r} (its role -> slot mapping: {mapping or 'none'}); give the trainer the "
+            "mapping the agent is served with (GRPOConfig(role_slots=...)), or create the trainer after "
+            "ForgeLLM(policy, role_slot=...), which declares it on the policy. Nothing was trained.")
+    return slot
+
+
+__all__ = ["Trainer", "check_served", "role_slots"]

@@ -39,24 +39,6 @@ def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
     return -torch.minimum(unclipped, clipped), ratio, (clipped < unclipped).detach()
 
 
-def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                        mask: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.2,
-                        is_weights: torch.Tensor | None = None, mode: str = "token"
-                        ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The clipped surrogate (`clipped_surrogate`) over the masked tokens, each weighted by
-    `is_weights` (the truncated importance weights of `tis_weights`; None: 1).
-    All inputs [B, T] -> (scalar loss, stats)."""
-    per_token, ratio, was_clipped = clipped_surrogate(logp, old_logp, advantages, clip_low, clip_high)
-    if is_weights is not None:
-        per_token = per_token * is_weights.detach()
-    loss = aggregate(per_token, mask, mode)
-    m = mask.bool()
-    with torch.no_grad():  # where the clipped term is active there is no gradient
-        stats = {"clip_fraction": float((was_clipped & m).sum() / m.sum().clamp(min=1)),
-                 "ratio_mean": float(ratio[m].mean()) if m.any() else 1.0}
-    return loss, stats
-
-
 def shaping_weight(logp: torch.Tensor, gamma: float) -> torch.Tensor:
     """LUFFY's policy shaping of off-policy (guide) tokens: f(pi) = pi / (pi + gamma), pi =
     exp(logp) under the current policy. Its gradient, gamma / (pi + gamma)^2 * grad pi, is the

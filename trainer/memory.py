@@ -102,7 +102,7 @@ def chunk_by_budget(lengths: Sequence[int], estimate: MemoryEstimate, budget_gb:
 
 def budget_chunker(model: Any, model_config: Any, config: Any, device: Any, eager_up_to: int
                    ) -> Callable[[list[int]], list[list[int]]] | None:
-    """`config.max_memory_gb` as a chunker of sorted sequence lengths for `update.microbatches`,
+    """`config.max_memory_gb` as a chunker of sorted sequence lengths for `learner.microbatches`,
     checked now against one sequence of `max_seq_len` tokens (an impossible budget is refused
     before any rollout); None without a budget."""
     if config.max_memory_gb is None:

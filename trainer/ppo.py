@@ -21,11 +21,11 @@ import torch
 from forge_bridge.core.errors import InvalidState
 from forge_bridge.core.types import Trajectory
 from forge_bridge.trainer.advantages import gae, step_rewards
-from forge_bridge.trainer.batch import build_samples
+from forge_bridge.trainer.batch import build_samples, trained_tokens_per_step
 from forge_bridge.trainer.config import PPOConfig
+from forge_bridge.trainer.learner import microbatches
 from forge_bridge.trainer.loop import Trainer
 from forge_bridge.trainer.losses import policy_objective, value_loss
-from forge_bridge.trainer.update import microbatches
 
 VALUE_INPUT = "hidden state, detached, at unit L1 norm"
 """What the value head reads; recorded in checkpoints, whose heads only fit this input."""
@@ -102,7 +102,7 @@ class PPOTrainer(Trainer):
         self.remember_advantages(trajectories, advantages)
         samples, batch = build_samples(trajectories, advantages, self.config.max_seq_len, self.config.merge_steps,
                                        step_returns=returns, span_weight=self.config.span_weight)
-        self.record_credit(groups, samples, it + 1)
+        self.record_credit(groups, trained_tokens_per_step(samples), it + 1)
         stats = self.update(samples) if samples else {}  # epochs x minibatches: forward, objective, step
         t2 = time.perf_counter()
         version = self.publish(it + 1)  # the live policy serves v(it + 1) from its next call

@@ -1,5 +1,13 @@
-"""The run folder: the run's id, its store, its metrics, its checkpoints and random state, and
-the iteration it has reached.
+"""The run folder: the run's id, its store, its metrics (`metrics.jsonl`, TensorBoard), its
+checkpoints and random state, the iteration it has reached, and the versions it publishes.
+
+Version N of the shared LoRA is '<run>-vN', of a role slot's '<run>-<slot>-vN'; each is saved
+atomically under `<run folder>/adapters/` and loaded into the policy's slot, which then serves it
+on its next call (`Publisher`).
+
+Checkpoints survive a SIGKILL: written to a temporary folder, renamed into place, and only then
+named by the `latest` pointer (itself replaced atomically). Tensors go to safetensors and the
+rest to JSON, so loading a checkpoint never unpickles anything.
 
 A run killed at any point resumes from its last checkpoint: the LoRAs, optimizers, heads and
 random states come back, a metrics line logged after that checkpoint is dropped, and the
@@ -11,17 +19,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
+import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+from safetensors.torch import load_file, save_file
 
 from forge_bridge.core import runs
+from forge_bridge.core.atomic import write_dir
 from forge_bridge.core.episode import Recorder
+from forge_bridge.core.errors import InvalidState
 from forge_bridge.core.types import TrajectoryGroup
-from forge_bridge.trainer import checkpoint
-from forge_bridge.trainer.batch import Sample, trained_tokens_per_step
 from forge_bridge.trainer.config import TrainerConfig
-from forge_bridge.trainer.runlog import RunLog
+from forge_bridge.policies.base import DEFAULT_SLOT, Policy
+from forge_bridge.trainer.lora import DEFAULT_ADAPTER, save_adapter
 
 if TYPE_CHECKING:
     from forge_bridge.trainer.learner import Learner
@@ -46,6 +60,8 @@ class RunFolder:
         (self.folder / "trainer.json").write_text(json.dumps(
             {"trainer": algorithm, "model": source, "config": dataclasses.asdict(config)},
             indent=1, default=str))  # out_dir may be a Path
+        self.settings = config.to_dict()
+        """The config as checkpoints record it."""
         self.log = RunLog(self.folder, self.run_id)
         """The metrics, one line per iteration (`metrics.jsonl`, TensorBoard)."""
         self.rng = random.Random(config.seed)
@@ -58,12 +74,11 @@ class RunFolder:
         if self.previous_run and self.iteration == 0:
             raise runs.refuse(self.folder, self.run_id)
 
-    def record_credit(self, groups: Sequence[TrajectoryGroup], samples: Sequence[Sample], iteration: int,
+    def record_credit(self, groups: Sequence[TrajectoryGroup], trained: dict[tuple[str, int], int], iteration: int,
                       advantages: dict[tuple[str, int], float], teacher: dict[tuple[str, int], list[float]]) -> None:
         """Store what an iteration made of each step -- the advantage it was given and the
-        completion tokens the loss trains on (0: its group was uniform, or it was cut or
-        untrainable) -- so `forge-bridge inspect` shows exactly what the update saw."""
-        trained = trained_tokens_per_step(samples)
+        completion tokens the loss trains on (`trained`; 0: its group was uniform, or it was cut
+        or untrainable) -- so `forge-bridge inspect` shows exactly what the update saw."""
         self.recorder.store.record_credit(iteration, [
             (t.id, k, advantages.get((t.id, k)), trained.get((t.id, k), 0), teacher.get((t.id, k)))
             for group in groups for t in group.trajectories for k in range(len(t.transitions))])
@@ -78,18 +93,18 @@ class RunFolder:
         """The learner's LoRAs, optimizers and heads and the random states at this iteration;
         `state`: what the algorithm checks on resume; `full`: the gathered LoRA and optimizer
         states where the model holds shards (FSDP2)."""
-        return checkpoint.save(self.folder / "checkpoints", self.iteration, learner.model, learner.optimizers,
-                               learner.heads, {"config": self.config.to_dict(),
+        return save_checkpoint(self.folder / "checkpoints", self.iteration, learner.model, learner.optimizers,
+                               learner.heads, {"config": self.settings,
                                                "trainer_rng": list(self.rng.getstate()[1]), **state}, full)
 
     def resume(self, learner: "Learner", check: Callable[[dict, Path], None]) -> bool:
         """Restore the learner and the random states from the last checkpoint (none: start over),
         after `check(state, path)` accepted it (a refusal changes nothing); the interrupted
         iteration's rollouts are excluded. Returns whether a checkpoint was restored."""
-        path = checkpoint.latest(self.folder / "checkpoints")
+        path = latest_checkpoint(self.folder / "checkpoints")
         if path is not None:
             check(json.loads((path / "state.json").read_text()), path)
-        state = None if path is None else checkpoint.load(path, learner.model, learner.optimizers, learner.heads)
+        state = None if path is None else load_checkpoint(path, learner.model, learner.optimizers, learner.heads)
         done = 0 if state is None else state["iteration"]
         store = self.recorder.store
         interrupted = [t.id for t in store.iter(run_id=self.run_id)
@@ -103,4 +118,200 @@ class RunFolder:
         return True
 
 
-__all__ = ["RunFolder"]
+WARM_START = "sft"
+"""The version the SFT warm start publishes ('<run>-sft'): not an RL iteration, whose versions
+count from v1."""
+
+
+def version_name(run_name: str, n: int | str, slot: str = DEFAULT_SLOT) -> str:
+    """'<run>-vN' for the shared LoRA, '<run>-<slot>-vN' for a role slot's; '<run>-sft' and
+    '<run>-<slot>-sft' for the warm start (n = `WARM_START`)."""
+    tag = WARM_START if n == WARM_START else f"v{n}"
+    return f"{run_name}-{tag}" if slot == DEFAULT_SLOT else f"{run_name}-{slot}-{tag}"
+
+
+class Publisher:
+    """Saves each version of the run's LoRAs and makes the live policy serve it."""
+
+    def __init__(self, policy: Policy | None, folder: Path, run_name: str, slots: Sequence[str]) -> None:
+        self.policy, self.folder, self.run_name, self.slots = policy, Path(folder), run_name, list(slots)
+
+    def version_name(self, n: int | str, slot: str = DEFAULT_SLOT) -> str:
+        """'<run>-vN' for the shared LoRA, '<run>-<slot>-vN' for a role slot's ('-sft' for the warm start)."""
+        return version_name(self.run_name, n, slot)
+
+    def path(self, n: int | str, slot: str = DEFAULT_SLOT) -> Path:
+        """Where version `n` of a slot's LoRA is saved."""
+        return self.folder / self.version_name(n, slot)
+
+    def publish(self, model: Any, n: int | str, weights: dict | None = None) -> dict[str, str]:
+        """Save version `n` of every slot's LoRA atomically and make the live policy serve each
+        from its slot (a version it already holds is not loaded twice); returns slot -> version.
+        `weights`: the LoRA's full tensors by parameter name, when the model holds a shard only."""
+        versions = {}
+        for slot in self.slots:
+            version = versions[slot] = self.version_name(n, slot)
+            path = save_adapter(model, self.path(n, slot), adapter=slot, weights=weights)
+            if version not in self.policy.versions(slot):
+                self.policy.load_adapter(path, version, slot=slot)
+        return versions
+
+
+class RunLog:
+    """Metrics of one run folder, one dict per iteration, in `metrics.jsonl` and TensorBoard."""
+
+    def __init__(self, folder: Path, run_id: str) -> None:
+        self.folder, self.run_id = folder, run_id
+        self.history: list[dict] = []
+        """Every iteration's metrics so far (resumed ones included)."""
+        self._tb: Any = None
+
+    def log(self, metrics: dict) -> None:
+        """Append one iteration's metrics (tagged with the run id) everywhere they go."""
+        metrics = {"run_id": self.run_id, **metrics}
+        self.history.append(metrics)
+        with open(self.folder / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(metrics) + "\n")
+        writer = self._writer()
+        if writer is None:
+            return
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and key != "iteration":
+                writer.add_scalar(key, value, metrics["iteration"])
+        writer.flush()
+
+    def log_event(self, name: str, metrics: dict) -> None:
+        """A one-off step outside the iterations (the warm start, the probe): `events.jsonl`, and
+        TensorBoard at step 0 under '<name>/...'."""
+        numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        with open(self.folder / "events.jsonl", "a") as f:
+            f.write(json.dumps({"run_id": self.run_id, "event": name, **metrics}, default=str) + "\n")
+        writer = self._writer()
+        if writer is not None:
+            for key, value in numbers.items():
+                writer.add_scalar(key if key.startswith(f"{name}/") else f"{name}/{key}", value, 0)
+            writer.flush()
+
+    def _writer(self) -> Any:
+        if self._tb is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # a bare GPU machine: metrics.jsonl still has every number
+                self._tb = False
+                warnings.warn("tensorboard is not installed: metrics go to metrics.jsonl only", stacklevel=3)
+            else:
+                self._tb = SummaryWriter(str(self.folder / "tb"))
+        return self._tb or None
+
+    def keep_until(self, iteration: int) -> None:
+        """Read the logged metrics back, dropping lines past `iteration` (logged, not checkpointed)."""
+        path = self.folder / "metrics.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        self.history = [m for m in map(json.loads, filter(str.strip, lines)) if m["iteration"] <= iteration]
+        path.write_text("".join(json.dumps(m) + "\n" for m in self.history))
+
+    def close(self) -> None:
+        if self._tb:
+            self._tb.close()
+
+
+def summary_line(metrics: dict) -> str:
+    """One iteration in a line: reward, success (per kind when the tasks have one), the format the
+    tool calls were read in, the share of groups with no reward spread, and a warning when no group
+    had any signal."""
+    parts = [f"iteration {metrics['iteration']}: reward {metrics.get('reward_mean', 0.0):.2f}",
+             f"success {metrics.get('success_rate', 0.0):.0%}"]
+    kinds = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("success/")}
+    if kinds:
+        parts[-1] += " (" + ", ".join(f"{kind} {v:.0%}" for kind, v in kinds.items()) + ")"
+    calls = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("calls/")}
+    if calls:
+        parts.append("calls read as " + ", ".join(f"{name} {v:.0%}" for name, v in calls.items()))
+    shares = {k: v for k, v in metrics.items() if k.endswith("zero_signal_share")}
+    if shares:
+        parts.append("no-spread groups " + ", ".join(f"{v:.0%}" for v in shares.values()))
+    line = "; ".join(parts)
+    if shares and all(v >= 1.0 for v in shares.values()):
+        line += ("\n  no group had any reward spread this iteration: nothing was learned from rewards "
+                 "(run the probe: forge-bridge probe; docs/own-agent.md#no-signal)")
+    return line
+
+
+def _optimizer_tensors(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    tensors = {}
+    for idx, entry in state["state"].items():
+        for key, value in entry.items():
+            tensors[f"{idx}.{key}"] = (value if torch.is_tensor(value) else torch.tensor(value)).contiguous()
+    return tensors, {"param_groups": state["param_groups"]}
+
+
+def _optimizer_state(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
+    state: dict[int, dict] = {}
+    for name, value in tensors.items():
+        idx, key = name.split(".", 1)
+        state.setdefault(int(idx), {})[key] = value
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def _optimizer_file(slot: str) -> str:
+    return "optimizer.safetensors" if slot == DEFAULT_ADAPTER else f"optimizer-{slot}.safetensors"
+
+
+def save_checkpoint(root: Path, iteration: int, model: Any, optimizers: dict[str, torch.optim.Optimizer],
+         extra_modules: dict[str, torch.nn.Module], state: dict, gathered: dict | None = None) -> Path:
+    """Every adapter of the model (the shared one, and one per role slot) with its optimizer.
+    `gathered`: the full LoRA weights and optimizer states where the model holds shards (FSDP2,
+    `distributed.gather`): a checkpoint is the same whatever the world size that wrote it."""
+    def write(tmp: Path) -> None:
+        weights = {} if gathered is None else {"state_dict": gathered["weights"]}
+        model.save_pretrained(str(tmp / "adapter"), safe_serialization=True, **weights)  # named ones in subfolders
+        metas = {}
+        for slot, optimizer in optimizers.items():
+            full = optimizer.state_dict() if gathered is None else gathered["optimizers"][slot]
+            tensors, metas[slot] = _optimizer_tensors(full)
+            save_file(tensors, str(tmp / _optimizer_file(slot)))
+        for name, module in extra_modules.items():
+            save_file({k: v.contiguous() for k, v in module.state_dict().items()},
+                      str(tmp / f"{name}.safetensors"))
+        save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+        (tmp / "state.json").write_text(json.dumps({
+            **state, "iteration": iteration, "optimizer": metas.pop(DEFAULT_ADAPTER), "role_optimizers": metas,
+            "python_random": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]]}))
+
+    final = write_dir(root / f"it-{iteration:05d}", write)
+    pointer = root / ".latest.tmp"
+    pointer.write_text(final.name)
+    os.replace(pointer, root / "latest")
+    return final
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    pointer = root / "latest"
+    if not pointer.is_file():
+        return None
+    path = root / pointer.read_text().strip()
+    return path if (path / "state.json").is_file() else None
+
+
+def load_checkpoint(path: Path, model: Any, optimizers: dict[str, torch.optim.Optimizer],
+         extra_modules: dict[str, torch.nn.Module]) -> dict:
+    """Restore the LoRA weights, optimizers, extra modules and RNG; returns the saved state."""
+    from peft import set_peft_model_state_dict
+
+    state = json.loads((path / "state.json").read_text())
+    metas = {DEFAULT_ADAPTER: state["optimizer"], **state.get("role_optimizers", {})}
+    if set(metas) != set(optimizers):
+        raise InvalidState(f"checkpoint {path} holds the adapters {sorted(metas)}, this trainer trains "
+                           f"{sorted(optimizers)}: resume with the run's own role_slots")
+    for slot, optimizer in optimizers.items():
+        folder = path / "adapter" if slot == DEFAULT_ADAPTER else path / "adapter" / slot
+        set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")), adapter_name=slot)
+        optimizer.load_state_dict(_optimizer_state(load_file(str(path / _optimizer_file(slot))), metas[slot]))
+    for name, module in extra_modules.items():
+        module.load_state_dict(load_file(str(path / f"{name}.safetensors")))
+    torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch"])
+    version, internal, gauss = state["python_random"]
+    random.setstate((version, tuple(internal), gauss))
+    return state
+
+__all__ = ["Publisher", "RunFolder", "RunLog", "WARM_START", "latest_checkpoint", "load_checkpoint", "save_checkpoint", "summary_line", "version_name"]

@@ -18,12 +18,12 @@ from forge_bridge.core.types import Trajectory
 from forge_bridge.policies.base import DEFAULT_SLOT
 from forge_bridge.trainer.batch import build_samples
 from forge_bridge.trainer.config import SFTConfig
+from forge_bridge.trainer.learner import Stepping, plan
 from forge_bridge.trainer.lora import adapter_parameters
 from forge_bridge.trainer.losses import aggregate
 from forge_bridge.trainer.probe import ProbeReport
-from forge_bridge.trainer.publish import WARM_START
+from forge_bridge.trainer.run import WARM_START
 from forge_bridge.trainer.rollouts import Rollout
-from forge_bridge.trainer.update import Stepping, optimizer_step, plan
 
 if TYPE_CHECKING:
     from forge_bridge.trainer.loop import Trainer
@@ -122,7 +122,7 @@ def _fit(trainer: "Trainer", samples: list, config: SFTConfig, slot: str, desc: 
     with tqdm(total=config.epochs * -(-len(samples) // size), desc=desc, disable=not c.progress) as bar:
         for epoch in range(1, config.epochs + 1):
             for minibatch in plan(trainer.run.rng, len(samples), 1, size)[0]:
-                stats = optimizer_step(learner, trainer.ranks, [samples[i] for i in minibatch], _objective, stepping)
+                stats = learner.step([samples[i] for i in minibatch], _objective, stepping)
                 losses.append(stats["loss"])
                 bar.update(1)
                 bar.set_postfix(loss=f"{losses[-1]:.3f}")

@@ -60,12 +60,16 @@ def test_adapters_and_trainer_live_only_under_forge_bridge(tmp_path):
 
 
 PUBLIC_API = [
-    "Action", "AdapterError", "Distributed", "Environment", "Episode", "Feedback", "ForgeBridgeError", "GRPOConfig",
-    "GRPOTrainer", "Gateway", "Guidance", "LocalPolicy", "Observation", "OfflineConfig", "PPOConfig", "PPOTrainer", "Policy",
-    "PolicyError", "PolicyOutput", "PolicyResponseError", "PolicyUnavailable", "Recorder",
-    "SFTConfig", "SchemaError", "ScriptedPolicy", "StepResult", "StepRewards", "StoreError", "Teacher", "ToolCall", "Trajectory",
-    "TrajectoryGroup", "TrajectoryStore", "Transition", "VLLMPolicy", "VLLMServer", "__version__", "current_episode",
-    "episode", "feedback", "import_demonstrations", "read_demonstrations", "record_demonstrations", "sampling", "sft", "wrap",
+    "Action", "AdapterError", "AgentError", "CommandRollout", "ContextLengthExceeded", "Distributed", "Environment",
+    "Episode", "EpisodeClosed", "Feedback", "ForgeBridgeError", "GRPOConfig", "GRPOTrainer", "Gate", "Gateway",
+    "Guidance", "HarnessAgent", "InvalidArgument", "InvalidState", "LocalPolicy", "MissingExtra", "NotFound",
+    "Observation", "OfflineConfig", "PPOConfig", "PPOTrainer", "Policy", "PolicyError", "PolicyOutput",
+    "PolicyResponseError", "PolicyUnavailable", "Promotion", "Recorder", "RolloutError", "RunExistsError",
+    "SFTConfig", "SandboxUnavailable", "SchemaError", "ScriptedPolicy", "StepResult", "StepRewards", "StoreError",
+    "Teacher", "ToolCall", "TrainerConfig", "Trajectory", "TrajectoryGroup", "TrajectoryStore", "Transition",
+    "Unsupported", "UpstreamPolicy", "VLLMPolicy", "VLLMServer", "WrongType", "__version__", "current_episode",
+    "episode", "feedback", "import_demonstrations", "read_demonstrations", "record_demonstrations", "sampling", "sft",
+    "wrap",
 ]
 """The public API, pinned: a name added or removed is a decision, made here."""
 

@@ -8,12 +8,18 @@ import torch
 from forge_bridge.trainer.config import GRPOConfig
 from forge_bridge.trainer.losses import (
     aggregate,
-    clipped_policy_loss,
     kl_k3,
     policy_objective,
     tis_weights,
     value_loss,
 )
+
+
+def objective(logp, old, advantages, mask, sampler=None, **settings):
+    """The objective the trainer runs, on the policy's own tokens, without a KL term; the sampler
+    is pi_old unless given (a truncated importance weight of 1)."""
+    config = GRPOConfig(kl_beta=0.0, **settings)
+    return policy_objective(logp, old, old if sampler is None else sampler, advantages, mask, None, config)
 
 
 def close(a, b):
@@ -26,7 +32,7 @@ def test_clip_boundaries_and_the_mask():
     logp = torch.log(torch.tensor([[1.5, 0.5, 1.1, 3.0]]))
     adv = torch.tensor([[1.0, 1.0, -1.0, 1.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
-    loss, stats = clipped_policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    loss, stats = objective(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
     # token 0: min(1.5, 1.2) = 1.2; token 1: min(0.5, 0.8) = 0.5; token 2: min(-1.1, -1.1) = -1.1
     assert loss.item() == pytest.approx(-(1.2 + 0.5 - 1.1) / 3, abs=1e-6)
     assert stats["clip_fraction"] == pytest.approx(1 / 3)
@@ -34,15 +40,15 @@ def test_clip_boundaries_and_the_mask():
 
 def test_asymmetric_clip():
     logp = torch.log(torch.tensor([[1.5, 0.5]]))
-    loss, _ = clipped_policy_loss(logp, torch.zeros(1, 2), torch.tensor([[1.0, -1.0]]), torch.ones(1, 2),
-                                  clip_low=0.1, clip_high=0.3)
+    loss, _ = objective(logp, torch.zeros(1, 2), torch.tensor([[1.0, -1.0]]), torch.ones(1, 2),
+                        clip_low=0.1, clip_high=0.3)
     # token 0: min(1.5, 1.3) = 1.3; token 1: min(-0.5, -0.9) = -0.9
     assert loss.item() == pytest.approx(-(1.3 - 0.9) / 2, abs=1e-6)
 
 
 def test_gradient_vanishes_outside_the_clip_range():
     logp = torch.log(torch.tensor([[1.5]])).requires_grad_()
-    loss, _ = clipped_policy_loss(logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1))
+    loss, _ = objective(logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1))
     loss.backward()
     assert logp.grad.item() == 0.0
 
@@ -56,11 +62,12 @@ def test_truncated_importance_weights_by_hand():
 
 
 def test_the_ratio_is_against_pi_old_and_the_tis_weight_scales_each_token():
-    # current = old: r = 1, per token -A * w; A = -1 on both, w = (1, 2) -> (1 + 2) / 2 = 1.5
+    # current = old: r = 1, per token -A * w; A = -1 on both, w = pi_old / pi_sampler = (1, 2)
+    # -> (1 + 2) / 2 = 1.5
     logp = torch.log(torch.tensor([[0.5, 0.5]])).requires_grad_()
-    weights = torch.tensor([[1.0, 2.0]])
-    loss, stats = clipped_policy_loss(logp, logp.detach(), torch.tensor([[-1.0, -1.0]]), torch.ones(1, 2),
-                                      is_weights=weights)
+    sampler = torch.log(torch.tensor([[0.5, 0.25]]))
+    loss, stats = objective(logp, logp.detach(), torch.tensor([[-1.0, -1.0]]), torch.ones(1, 2), sampler=sampler,
+                            tis_cap=4.0)
     assert loss.item() == pytest.approx(1.5) and stats["ratio_mean"] == pytest.approx(1.0)
     loss.backward()  # d/dlogp of -r A w / 2 with r = 1: -A w / 2 = (0.5, 1.0); the weight has no gradient
     assert close(logp.grad, [[0.5, 1.0]])

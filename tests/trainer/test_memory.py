@@ -10,7 +10,7 @@ import forge_bridge as fb
 from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.policies import models
 from forge_bridge.trainer.memory import GiB, MemoryEstimate, chunk_by_budget, resident_gb
-from forge_bridge.trainer.update import microbatches
+from forge_bridge.trainer.learner import microbatches
 
 from test_accumulation import samples
 
@@ -73,6 +73,33 @@ def test_the_same_step_under_a_budget_and_an_impossible_budget_refused(tmp_path)
     assert resident_gb() > 0.01
     with pytest.raises(ValueError, match="max_memory_gb"):
         fb.GRPOConfig(max_memory_gb=0)
+    policy.close()
+
+
+def test_the_warm_start_takes_the_same_steps_within_the_budget(tmp_path):
+    # SFT's steps are RL's optimizer step: under a budget that holds two rows of the longest
+    # demonstration, no forward pass sees more rows, and the LoRA comes out as without a budget.
+    from forge_bridge.core.types import Observation, Trajectory, Transition
+
+    policy = fb.LocalPolicy(str(models.save(*models.tiny(), tmp_path / "tiny")))
+    demos = [Trajectory(transitions=[Transition(
+        observation=Observation(messages=[{"role": "user", "content": "q"}]), action=fb.Action(content="a"),
+        prompt_token_ids=s.input_ids[:-3], completion_token_ids=s.input_ids[-3:],
+        completion_logprobs=[0.0] * 3)]) for s in samples(50)]  # 5 demonstrations of 7 to 14 tokens
+    weights, rows = [], []
+    for budget in (None, 1000.0):
+        trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(max_memory_gb=budget, out_dir=str(tmp_path / f"sft-{budget}"),
+                                                       progress=False, seed=0, bf16=False))
+        if budget is not None:
+            trainer.learner.chunker = partial(chunk_by_budget, estimate=MemoryEstimate(0.0, GiB / (2 * 14), 0.0),
+                                              budget_gb=1.0)
+            score = trainer.learner.score
+            trainer.learner.score = lambda batch, *a, **k: rows.append(len(batch["input_ids"])) or score(batch, *a, **k)
+        fb.sft(trainer, demos, fb.SFTConfig(epochs=2, batch_size=8, publish=False))
+        weights.append({n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n})
+    assert rows and max(rows) == 2 and len(rows) == 2 * 3  # 3 microbatches in each of the 2 steps
+    for name, value in weights[0].items():
+        torch.testing.assert_close(weights[1][name], value, atol=1e-5, rtol=1e-3)  # Adam at lr 1e-3: steps of ~1e-3
     policy.close()
 
 

@@ -7,7 +7,7 @@ import pytest
 import forge_bridge as fb
 from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.trainer.probe import probe
-from forge_bridge.trainer.runlog import summary_line
+from forge_bridge.trainer.run import summary_line
 
 import training_task
 

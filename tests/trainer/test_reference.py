@@ -8,7 +8,7 @@ import forge_bridge as fb
 from forge_bridge.core.recording import transition_of
 from forge_bridge.policies import models
 from forge_bridge.trainer.logprobs import token_logprobs
-from forge_bridge.trainer.update import warm_up
+from forge_bridge.trainer.learner import warm_up
 
 
 @pytest.fixture()
