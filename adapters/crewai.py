@@ -238,7 +238,7 @@ class CrewAIUpstream(Upstream):
         super().__init__(tokenizer, tool_format)
         self.llm = llm
 
-    def _chat(self, messages, tools, sampling, adapter) -> PolicyOutput:
+    def generate(self, messages, tools, sampling, adapter) -> PolicyOutput:
         from crewai.utilities.agent_utils import extract_tool_call_info
 
         messages, t0 = normalize_messages(messages), time.perf_counter()

@@ -39,13 +39,13 @@ from forge_bridge.trainer import rollouts as loop
 class NoModel(Policy):
     """The overhead workload's policy: never called, reachable from any process."""
 
-    def _chat(self, messages, tools, sampling, adapter):
+    def generate(self, messages, tools, sampling, adapter):
         raise AssertionError("the overhead workload calls no model")
 
-    def _load(self, path, version):
+    def load_version(self, path, version):
         pass
 
-    def _unload(self, version):
+    def unload_version(self, version):
         pass
 
     def client_spec(self) -> ClientSpec:

@@ -54,7 +54,7 @@ class FaultyExpert(ScriptedPolicy):
         self.malformed = ScriptedPolicy(
             lambda m, t: '<tool_call>\n{"name": "lookup", "arguments": {oops}\n</tool_call>', tokenizer)
 
-    def _chat(self, messages, tools, sampling, adapter):
+    def generate(self, messages, tools, sampling, adapter):
         with self.lock:
             roll = self.rng.random()
             fault = ("policy outage" if roll < self.rate else "slow answer (1.5 s)" if roll < 2 * self.rate
@@ -66,7 +66,7 @@ class FaultyExpert(ScriptedPolicy):
         if fault == "slow answer (1.5 s)":
             time.sleep(1.5)
         source = self.malformed if fault == "malformed tool call" else super()
-        out = source._chat(messages, tools, sampling, adapter)
+        out = source.generate(messages, tools, sampling, adapter)
         with self.lock:
             self.generated += 1
         return out

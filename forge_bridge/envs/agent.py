@@ -36,14 +36,14 @@ class _StandIn(Policy):
         super().__init__()
         self.env = env
 
-    def _chat(self, messages: list[dict], tools: list[dict] | None, sampling: Sampling,
-              adapter: str | None) -> PolicyOutput:
+    def generate(self, messages: list[dict], tools: list[dict] | None, sampling: Sampling,
+                 adapter: str | None) -> PolicyOutput:
         return self.env._model_call(messages, tools)
 
-    def _load(self, path: Path, version: str) -> None:
+    def load_version(self, path: Path, version: str) -> None:
         raise Unsupported("the stand-in policy of an AgentEnvironment has no weights")
 
-    def _unload(self, version: str) -> None:
+    def unload_version(self, version: str) -> None:
         pass
 
 

@@ -219,7 +219,7 @@ class Policy(abc.ABC):
         params = Sampling.from_kwargs({**sampling, **_SAMPLING_OVERRIDE.get()})
         with self._use_current(slot) as adapter:
             t0 = time.perf_counter()
-            out = self._chat(messages, tools, params, adapter)
+            out = self.generate(messages, tools, params, adapter)
             out.latency_s, out.temperature, out.slot = time.perf_counter() - t0, float(params.temperature), slot
             return out
 
@@ -228,17 +228,23 @@ class Policy(abc.ABC):
         params = Sampling.from_kwargs({**sampling, **_SAMPLING_OVERRIDE.get()})
         with self._use_current(slot) as adapter:
             t0 = time.perf_counter()
-            out = await self._achat(messages, tools, params, adapter)
+            out = await self.agenerate(messages, tools, params, adapter)
             out.latency_s, out.temperature, out.slot = time.perf_counter() - t0, float(params.temperature), slot
             return out
 
+    # The backend protocol: what a backend implements (`generate`, `load_version`,
+    # `unload_version`; `agenerate` where it has a native async path) and what a policy made of
+    # others (`PolicyPool`, a Ray-hosted policy) calls on its members. `chat`, `load_adapter` and
+    # the slots wrap them with the hot-swap bookkeeping.
     @abc.abstractmethod
-    def _chat(self, messages: list[dict], tools: list[dict] | None, sampling: Sampling,
-              adapter: str | None) -> PolicyOutput: ...
+    def generate(self, messages: list[dict], tools: list[dict] | None, sampling: Sampling,
+                 adapter: str | None) -> PolicyOutput:
+        """One model call served by `adapter` (a loaded version; None: the base model)."""
 
-    async def _achat(self, messages: list[dict], tools: list[dict] | None, sampling: Sampling,
-                     adapter: str | None) -> PolicyOutput:
-        return await asyncio.to_thread(self._chat, messages, tools, sampling, adapter)
+    async def agenerate(self, messages: list[dict], tools: list[dict] | None, sampling: Sampling,
+                        adapter: str | None) -> PolicyOutput:
+        """`generate` without blocking the event loop (a thread, unless the backend has better)."""
+        return await asyncio.to_thread(self.generate, messages, tools, sampling, adapter)
 
     def score(self, prompt_token_ids: Sequence[int], completion_token_ids: Sequence[int], *,
               slot: str = DEFAULT_SLOT) -> list[float]:
@@ -315,7 +321,7 @@ class Policy(abc.ABC):
             if version in self._published:
                 raise AdapterError(f"version {version!r} was already published; use a new version "
                                    "name (versions are immutable so outputs stay attributable)")
-        self._load(path, version)  # may raise: nothing has changed yet
+        self.load_version(path, version)  # may raise: nothing has changed yet
         with self._swap_lock:
             self._published.add(version)
             history = self._slots.setdefault(slot, [None])
@@ -355,15 +361,17 @@ class Policy(abc.ABC):
             if self._in_use.get(version, 0) == 0:
                 self._retired.discard(version)
                 try:
-                    self._unload(version)
+                    self.unload_version(version)
                 except Exception:  # eviction is best effort; the version is no longer served
                     pass
 
     @abc.abstractmethod
-    def _load(self, path: Path, version: str) -> None: ...
+    def load_version(self, path: Path, version: str) -> None:
+        """Make the adapter folder at `path` servable as `version` (no slot serves it yet)."""
 
     @abc.abstractmethod
-    def _unload(self, version: str) -> None: ...
+    def unload_version(self, version: str) -> None:
+        """Free a version no slot serves and no call uses any more."""
 
     # ------------------------------------------------------------------ clients in other processes
     def client_spec(self) -> ClientSpec:

@@ -181,10 +181,10 @@ class LocalPolicy(Policy):
         self._queue.put(_Request(prompt, sampling, adapter, fut, opening, tools or []))
         return fut
 
-    def _chat(self, messages, tools, sampling, adapter) -> PolicyOutput:
+    def generate(self, messages, tools, sampling, adapter) -> PolicyOutput:
         return self._submit(messages, tools, sampling, adapter).result()
 
-    async def _achat(self, messages, tools, sampling, adapter) -> PolicyOutput:
+    async def agenerate(self, messages, tools, sampling, adapter) -> PolicyOutput:
         return await asyncio.wrap_future(self._submit(messages, tools, sampling, adapter))
 
     def tokenize(self, text: str) -> list[int]:
@@ -346,7 +346,7 @@ class LocalPolicy(Policy):
                     raise AdapterError(f"adapter {path}: {key} has shape {shape}, which does not "
                                        f"fit this model ({owner} has {expected} features there)")
 
-    def _load(self, path: Path, version: str) -> None:
+    def load_version(self, path: Path, version: str) -> None:
         from forge_bridge.policies.adapter_pool import shape_of
 
         self._check_compatible(path)
@@ -365,7 +365,7 @@ class LocalPolicy(Policy):
                     self._peft.delete_adapter(version)
                 raise AdapterError(f"adapter {path} could not be loaded: {exc}") from None
 
-    def _unload(self, version: str) -> None:
+    def unload_version(self, version: str) -> None:
         with self._flight_lock:  # a caller that gave up left its row decoding with this version
             if self._in_flight.get(version):
                 self._unload_later.add(version)

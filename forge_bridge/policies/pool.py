@@ -89,12 +89,12 @@ class PolicyPool(Policy):
         with self._lock:
             self._out.pop(index, None)
 
-    def _chat(self, messages, tools, sampling: Sampling, adapter: str | None) -> PolicyOutput:
+    def generate(self, messages, tools, sampling: Sampling, adapter: str | None) -> PolicyOutput:
         tried: set[int] = set()
         while True:
             index = self._pick(tried)
             try:
-                out = self.members[index]._chat(messages, tools, sampling, adapter)
+                out = self.members[index].generate(messages, tools, sampling, adapter)
             except PolicyUnavailable as exc:
                 self._done(index, exc)
                 tried.add(index)
@@ -106,12 +106,12 @@ class PolicyPool(Policy):
             out.info["pool_member"] = index
             return out
 
-    async def _achat(self, messages, tools, sampling: Sampling, adapter: str | None) -> PolicyOutput:
+    async def agenerate(self, messages, tools, sampling: Sampling, adapter: str | None) -> PolicyOutput:
         tried: set[int] = set()
         while True:
             index = self._pick(tried)
             try:
-                out = await self.members[index]._achat(messages, tools, sampling, adapter)
+                out = await self.members[index].agenerate(messages, tools, sampling, adapter)
             except PolicyUnavailable as exc:
                 self._done(index, exc)
                 tried.add(index)
@@ -124,20 +124,20 @@ class PolicyPool(Policy):
             return out
 
     # ------------------------------------------------------------------ adapters on every member
-    def _load(self, path: Path, version: str) -> None:
+    def load_version(self, path: Path, version: str) -> None:
         loaded: list[int] = []
         for index, member in enumerate(self.members):
             if index in self.out:
                 continue
             try:
-                member._load(path, version)
+                member.load_version(path, version)
             except PolicyUnavailable as exc:  # the server is gone: out of the pool, not an error
                 self.take_out(index, f"unreachable while loading {version}: {exc}")
                 continue
             except BaseException:  # a bad adapter: undo, so no member serves a half-published version
                 for done in loaded:
                     try:
-                        self.members[done]._unload(version)
+                        self.members[done].unload_version(version)
                     except Exception:
                         pass
                 raise
@@ -145,12 +145,12 @@ class PolicyPool(Policy):
         if not loaded:
             raise AdapterError(f"adapter {version}: no policy server in the pool could load it ({self.out})")
 
-    def _unload(self, version: str) -> None:
+    def unload_version(self, version: str) -> None:
         for index, member in enumerate(self.members):
             if index in self.out:
                 continue
             try:
-                member._unload(version)
+                member.unload_version(version)
             except PolicyUnavailable as exc:
                 self.take_out(index, f"unreachable while unloading {version}: {exc}")
             except Exception:  # best effort, as eviction is: the version is no longer served

@@ -114,7 +114,7 @@ class ScriptedPolicy(Policy):
 
         return cls(script, tokenizer, tool_format)
 
-    def _chat(self, messages, tools, sampling: Sampling, adapter) -> PolicyOutput:
+    def generate(self, messages, tools, sampling: Sampling, adapter) -> PolicyOutput:
         messages = normalize_messages(messages)
         try:
             step = self.script(messages, tools)
@@ -129,8 +129,8 @@ class ScriptedPolicy(Policy):
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _load(self, path: Path, version: str) -> None:
+    def load_version(self, path: Path, version: str) -> None:
         raise Unsupported("a scripted policy has no weights to adapt")
 
-    def _unload(self, version: str) -> None:
+    def unload_version(self, version: str) -> None:
         pass

@@ -41,7 +41,7 @@ def arguments(text: str) -> Any:
 class Upstream(Policy):
     """What every upstream shares: the agent's own model answers; its reply is recorded in the
     student's tokens (`tokenizer`, `tool_format`), marked `behaviour="upstream"`, never trained here.
-    A subclass asks its model (`_chat`/`_achat`) and hands the reply to `recorded`."""
+    A subclass asks its model (`generate`/`agenerate`) and hands the reply to `recorded`."""
 
     behaviour = "upstream"
     """What the episodes recorded through it are (`Trajectory.behaviour`)."""
@@ -64,11 +64,11 @@ class Upstream(Policy):
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _load(self, path: Path, version: str) -> None:
+    def load_version(self, path: Path, version: str) -> None:
         raise Unsupported("the upstream model is not trained here: train the student on what it recorded, and "
                           "serve the student's adapters from a LocalPolicy or a vLLM server")
 
-    def _unload(self, version: str) -> None:
+    def unload_version(self, version: str) -> None:
         pass
 
 
@@ -118,7 +118,7 @@ class UpstreamPolicy(Upstream):
                               "upstream_usage": data.get("usage")},
                              reasoning=message.get("reasoning_content") or message.get("reasoning") or "")
 
-    def _chat(self, messages, tools, sampling, adapter) -> PolicyOutput:
+    def generate(self, messages, tools, sampling, adapter) -> PolicyOutput:
         import httpx
 
         messages, t0 = normalize_messages(messages), time.perf_counter()
@@ -128,7 +128,7 @@ class UpstreamPolicy(Upstream):
             raise self._unreachable(exc) from None
         return self._answer(resp, messages, tools, sampling, adapter, t0)
 
-    async def _achat(self, messages, tools, sampling, adapter) -> PolicyOutput:
+    async def agenerate(self, messages, tools, sampling, adapter) -> PolicyOutput:
         import httpx
 
         messages, t0 = normalize_messages(messages), time.perf_counter()

@@ -188,11 +188,11 @@ class VLLMPolicy(Policy):
             raise PolicyResponseError(f"vLLM's response does not have the chat-completion shape "
                                       f"({type(exc).__name__}: {exc})") from None
 
-    def _chat(self, messages, tools, sampling, adapter) -> PolicyOutput:
+    def generate(self, messages, tools, sampling, adapter) -> PolicyOutput:
         body = self._body(messages, tools, sampling, adapter)
         return self._parse(self._post("/chat/completions", body, "chat completion"), adapter, tools)
 
-    async def _achat(self, messages, tools, sampling, adapter) -> PolicyOutput:
+    async def agenerate(self, messages, tools, sampling, adapter) -> PolicyOutput:
         body = self._body(messages, tools, sampling, adapter)
         return self._parse(await self._apost("/chat/completions", body, "chat completion"), adapter, tools)
 
@@ -252,14 +252,14 @@ class VLLMPolicy(Policy):
         except PolicyResponseError as exc:
             raise AdapterError(f"vLLM refused adapter {path} as {name!r}: {exc}") from None
 
-    def _load(self, path: Path, version: str) -> None:
+    def load_version(self, path: Path, version: str) -> None:
         if not self._identity_loaded:
             # In place: another client of the same server may have loaded it already.
             self._load_on_server(IDENTITY, _identity_adapter(path, self._tmp / IDENTITY), inplace=True)
             self._identity_loaded = True
         self._load_on_server(version, path)
 
-    def _unload(self, version: str) -> None:
+    def unload_version(self, version: str) -> None:
         self._post("/unload_lora_adapter", {"lora_name": version}, f"unloading adapter {version}",
                    expect_json=False)
 

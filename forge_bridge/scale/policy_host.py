@@ -42,7 +42,7 @@ class PolicyHost:
 
     def chat(self, messages: list[dict], tools: list[dict] | None, sampling: Sampling,
              adapter: str | None) -> PolicyOutput:
-        return self.policy._chat(messages, tools, sampling, adapter)
+        return self.policy.generate(messages, tools, sampling, adapter)
 
     def load(self, files: dict[str, bytes], version: str) -> str:
         def write(folder: Path) -> None:
@@ -50,11 +50,11 @@ class PolicyHost:
                 (folder / name).write_bytes(data)
 
         path = write_dir(self.adapters / version, write)
-        self.policy._load(path, version)
+        self.policy.load_version(path, version)
         return str(path)
 
     def unload(self, version: str) -> None:
-        self.policy._unload(version)
+        self.policy.unload_version(version)
         shutil.rmtree(self.adapters / version, ignore_errors=True)
 
     def close(self) -> None:
@@ -115,10 +115,10 @@ class RayPolicy(Policy):
             return cause
         return PolicyResponseError(f"{what}: the hosted policy raised {type(cause).__name__}: {cause}")
 
-    def _chat(self, messages, tools, sampling: Sampling, adapter: str | None) -> PolicyOutput:
+    def generate(self, messages, tools, sampling: Sampling, adapter: str | None) -> PolicyOutput:
         return self._call(self.handle.chat.remote(messages, tools, sampling, adapter), "chat")
 
-    async def _achat(self, messages, tools, sampling: Sampling, adapter: str | None) -> PolicyOutput:
+    async def agenerate(self, messages, tools, sampling: Sampling, adapter: str | None) -> PolicyOutput:
         ray = require_ray()
         try:
             return await asyncio.wait_for(self.handle.chat.remote(messages, tools, sampling, adapter), self.timeout_s)
@@ -128,11 +128,11 @@ class RayPolicy(Policy):
             raise PolicyUnavailable(f"chat: the policy host actor is gone or not answering "
                                     f"({type(exc).__name__})") from None
 
-    def _load(self, path: Path, version: str) -> None:
+    def load_version(self, path: Path, version: str) -> None:
         files = {name: (path / name).read_bytes() for name in ADAPTER_FILES}
         self._call(self.handle.load.remote(files, version), f"loading adapter {version}")
 
-    def _unload(self, version: str) -> None:
+    def unload_version(self, version: str) -> None:
         self._call(self.handle.unload.remote(version), f"unloading adapter {version}")
 
     def client_spec(self) -> ClientSpec:

@@ -128,13 +128,13 @@ def test_bad_requests_are_clear_errors(gateway):
 
 
 class DownPolicy(Policy):
-    def _chat(self, messages, tools, sampling, adapter):
+    def generate(self, messages, tools, sampling, adapter):
         raise PolicyUnavailable("vLLM at http://127.0.0.1:1/v1 is unreachable")
 
-    def _load(self, path, version):
+    def load_version(self, path, version):
         pass
 
-    def _unload(self, version):
+    def unload_version(self, version):
         pass
 
 

@@ -11,7 +11,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = [p for folder in ("forge_bridge", "adapters", "trainer") for p in sorted((ROOT / folder).rglob("*.py"))]
 BENCH = sorted((ROOT / "bench").glob("*.py"))
-MAX_MODULE_LINES = 400
+MAX_MODULE_LINES = 500
+"""A guard against a module holding several jobs, not a size to squeeze to: a module is as long as
+its one job needs (at 400, two modules sat at exactly 400 lines, written to fit)."""
 MAX_FUNCTION_LINES = 60
 CLI_ARGUMENT_TABLE = {("forge_bridge/app/cli.py", "build_parser")}
 """The one function allowed to be long: the command line's argument table."""
@@ -24,7 +26,7 @@ def rel(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
 
-def test_no_module_is_over_400_lines():
+def test_no_module_is_over_the_line_limit():
     long = {rel(p): n for p in SOURCE if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
     assert not long, f"split these modules by job (over {MAX_MODULE_LINES} lines): {long}"
 

@@ -27,7 +27,7 @@ class Member(Policy):
         self.down = self.bad_reply = self.refuse = False
         self.gate: threading.Event | None = None
 
-    def _chat(self, messages, tools, sampling, adapter):
+    def generate(self, messages, tools, sampling, adapter):
         if self.gate is not None:
             self.gate.wait(5)
         if self.down:
@@ -36,14 +36,14 @@ class Member(Policy):
             raise PolicyResponseError(f"{self.name}: prompt too long")
         return PolicyOutput(Action(content=f"{self.name}:{adapter}"), [1], [2], [-0.1], adapter)
 
-    def _load(self, path, version):
+    def load_version(self, path, version):
         if self.refuse:
             raise AdapterError(f"{self.name} refuses {version}")
         if self.down:
             raise PolicyUnavailable(f"{self.name} is down")
         self.loaded.append(version)
 
-    def _unload(self, version):
+    def unload_version(self, version):
         self.unloaded.append(version)
 
 

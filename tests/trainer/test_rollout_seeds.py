@@ -14,14 +14,14 @@ class SeenSampling(fb.Policy):
         super().__init__()
         self.calls: list[dict] = []
 
-    def _chat(self, messages, tools, sampling, adapter):
+    def generate(self, messages, tools, sampling, adapter):
         self.calls.append({"seed": sampling.seed})
         return fb.PolicyOutput(fb.Action(content="ok"), [1, 2], [3], completion_logprobs=[0.0], adapter=adapter)
 
-    def _load(self, path, version):
+    def load_version(self, path, version):
         pass
 
-    def _unload(self, version):
+    def unload_version(self, version):
         pass
 
 

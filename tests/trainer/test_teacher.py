@@ -41,7 +41,7 @@ def expert(tokenizer):
 class Unreachable(fb.ScriptedPolicy):
     """A teacher whose every call times out."""
 
-    def _chat(self, messages, tools, sampling, adapter):
+    def generate(self, messages, tools, sampling, adapter):
         raise PolicyUnavailable("the teacher timed out after 1 s")
 
     def _score(self, prompt, completion, adapter):
