@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see for the lazy names
     from forge_bridge.serving.promotion import Gate, Promotion
     from forge_bridge.trainer.config import (Distributed, GRPOConfig, Guidance, OfflineConfig, PPOConfig, SFTConfig,
                                              TrainerConfig)
+    from forge_bridge.trainer.settings import LoRAConfig, LossConfig, OptimizerConfig, RolloutConfig, RunConfig
     from forge_bridge.trainer.demonstrations import import_demonstrations, read_demonstrations, record_demonstrations
     from forge_bridge.trainer.grpo import GRPOTrainer
     from forge_bridge.trainer.ppo import PPOTrainer
@@ -80,6 +81,11 @@ _LAZY = {
     "Guidance": "forge_bridge.trainer.config",
     "Distributed": "forge_bridge.trainer.config",
     "OfflineConfig": "forge_bridge.trainer.config",
+    "RolloutConfig": "forge_bridge.trainer.settings",
+    "OptimizerConfig": "forge_bridge.trainer.settings",
+    "LoRAConfig": "forge_bridge.trainer.settings",
+    "LossConfig": "forge_bridge.trainer.settings",
+    "RunConfig": "forge_bridge.trainer.settings",
     "Teacher": "forge_bridge.trainer.teacher",
     "feedback": "forge_bridge.rewards.feedback",
     "sft": "forge_bridge.trainer.sft",
@@ -104,10 +110,10 @@ def __dir__() -> list[str]:
 __all__ = [
     "Action", "AdapterError", "AgentError", "CommandRollout", "ContextLengthExceeded", "Distributed", "Environment",
     "Episode", "EpisodeClosed", "Feedback", "ForgeBridgeError", "GRPOConfig", "GRPOTrainer", "Gate", "Gateway",
-    "Guidance", "HarnessAgent", "InvalidArgument", "InvalidState", "LocalPolicy", "MissingExtra", "NotFound",
-    "Observation", "OfflineConfig", "PPOConfig", "PPOTrainer", "Policy", "PolicyError", "PolicyOutput",
-    "PolicyResponseError", "PolicyUnavailable", "Promotion", "Recorder", "RolloutError", "RunExistsError",
-    "SFTConfig", "SandboxUnavailable", "SchemaError", "ScriptedPolicy", "StepResult", "StepRewards", "StoreError",
+    "Guidance", "HarnessAgent", "InvalidArgument", "InvalidState", "LoRAConfig", "LocalPolicy", "LossConfig",
+    "MissingExtra", "NotFound", "Observation", "OfflineConfig", "OptimizerConfig", "PPOConfig", "PPOTrainer", "Policy",
+    "PolicyError", "PolicyOutput", "PolicyResponseError", "PolicyUnavailable", "Promotion", "Recorder",
+    "RolloutConfig", "RolloutError", "RunConfig", "RunExistsError", "SFTConfig", "SandboxUnavailable", "SchemaError", "ScriptedPolicy", "StepResult", "StepRewards", "StoreError",
     "Teacher", "ToolCall", "TrainerConfig", "Trajectory", "TrajectoryGroup", "TrajectoryStore", "Transition",
     "Unsupported", "UpstreamPolicy", "VLLMPolicy", "VLLMServer", "WrongType", "__version__", "current_episode",
     "episode", "feedback", "import_demonstrations", "read_demonstrations", "record_demonstrations", "sampling", "sft",

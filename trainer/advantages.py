@@ -34,6 +34,7 @@ from typing import Hashable, Sequence
 import torch
 
 from forge_bridge.core.errors import InvalidArgument
+from forge_bridge.core.types import Trajectory, Transition
 
 
 def step_rewards(rewards: Sequence[float], outcome: float | None) -> torch.Tensor:
@@ -54,12 +55,18 @@ def discounted_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
     return returns
 
 
-def _normalise(values: torch.Tensor, scale_by_std: bool, eps: float) -> torch.Tensor:
-    """values - mean, divided by the std when asked; all-equal values give zeros.  [N] -> [N]."""
+def standardise(values: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-6,
+                spread: torch.Tensor | None = None) -> torch.Tensor:
+    """(values - mean) / (std + eps), the population std (no Bessel correction) of `spread`
+    (default: the values themselves); without `scale_by_std` only centred. A spread of at most
+    `eps` gives zeros: values that do not differ say nothing.  [N] -> [N].
+
+    The one standardisation of the trainer: GRPO's episode and step advantages, PPO's whitening
+    and the offline batch's."""
     centred = values - values.mean()
     if not scale_by_std:
         return centred
-    std = values.std(unbiased=False)
+    std = (values if spread is None else spread).std(unbiased=False)
     return centred / (std + eps) if std > eps else torch.zeros_like(centred)
 
 
@@ -72,7 +79,7 @@ def episode_advantages(returns: Sequence[float], scale_by_std: bool = True, eps:
     r = torch.tensor(list(returns), dtype=torch.float32)
     if len(r) < 2:
         return torch.zeros_like(r)
-    return _normalise(r, scale_by_std, eps)
+    return standardise(r, scale_by_std, eps)
 
 
 def anchor_step_advantages(returns: Sequence[torch.Tensor], states: Sequence[Sequence[Hashable]],
@@ -104,10 +111,7 @@ def anchor_step_advantages(returns: Sequence[torch.Tensor], states: Sequence[Seq
         q = torch.zeros_like(g)  # [M]: the mean return of the members that took the same action
         for ks in by_action.values():
             q[ks] = g[ks].mean()
-        centred = q - g.mean()
-        if scale_by_std:
-            std = g.std(unbiased=False)
-            centred = centred / (std + eps) if std > eps else torch.zeros_like(centred)
+        centred = standardise(q, scale_by_std, eps, spread=g)  # mean(q) = mean(g) = V(s)
         for k, (i, t) in enumerate(group):
             adv[i][t] = centred[k]
             sibling[i][t] = True
@@ -121,18 +125,47 @@ def combine(episode: torch.Tensor, step: torch.Tensor, has_sibling: torch.Tensor
     return episode + omega * step * has_sibling.to(step.dtype)
 
 
-def token_advantages(step_advantage: float, n_tokens: int, spans: Sequence[Sequence],
-                     span_weight: float) -> torch.Tensor:
+def token_advantages(step_advantage: float, n_tokens: int, spans: Sequence[Sequence] = (),
+                     span_weight: float = 0.0, distillation: Sequence[float] | None = None) -> torch.Tensor:
     """The advantage of each completion token of one step: the step's, plus `span_weight` times
     the reward of every span ([start, end, value] or [start, end, value, key], `Episode.span_reward`)
-    the token lies in.  -> [n_tokens]."""
+    the token lies in, plus the token's own distillation reward (`distillation_rewards`; None: none).
+    -> [n_tokens]."""
     adv = torch.full((n_tokens,), float(step_advantage))
-    if span_weight == 0:
-        return adv
-    for span in spans:
-        start, end, value = check_span(span, n_tokens)
-        adv[start:end] += span_weight * value
+    if span_weight != 0:
+        for span in spans:
+            start, end, value = check_span(span, n_tokens)
+            adv[start:end] += span_weight * value
+    if distillation is not None:
+        if len(distillation) != n_tokens:
+            raise InvalidArgument(f"distillation rewards: {len(distillation)} for a step of {n_tokens} tokens")
+        adv += torch.as_tensor(distillation, dtype=adv.dtype)
     return adv
+
+
+def span_rewards(step: Transition) -> list[list]:
+    """The span rewards recorded on a step (`Episode.span_reward`): [start, end, value(, key)]."""
+    return step.info.get("span_rewards", [])
+
+
+def all_token_advantages(trajectories: Sequence[Trajectory], step_advantages: Sequence[torch.Tensor],
+                         span_weight: float = 0.0, spans: Sequence[Sequence[Sequence]] | None = None,
+                         distillation: Sequence[Sequence[Sequence[float] | None]] | None = None
+                         ) -> list[list[torch.Tensor]]:
+    """The token-signal stage: every term a token's advantage is made of, in one place. Per
+    trajectory i and step t, `token_advantages` of its completion tokens from the step advantage
+    `step_advantages[i][t]`, the span rewards (`spans[i][t]` where given, e.g. centred by GRPO's
+    group baseline, else those recorded on the step) and the distillation rewards
+    (`distillation[i][t]`, None where unscored).  -> one [n_tokens] tensor per step, nested as given."""
+    out = []
+    for i, traj in enumerate(trajectories):
+        rows = []
+        for t, step in enumerate(traj.transitions):
+            rows.append(token_advantages(float(step_advantages[i][t]), len(step.completion_token_ids),
+                                         spans[i][t] if spans is not None else span_rewards(step), span_weight,
+                                         distillation[i][t] if distillation is not None else None))
+        out.append(rows)
+    return out
 
 
 def check_span(span: Sequence, n_tokens: int | None = None) -> tuple[int, int, float]:

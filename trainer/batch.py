@@ -3,8 +3,8 @@
 One sample per model call: `prompt_token_ids + completion_token_ids`, trained on the completion
 only. Consecutive calls of a trajectory may be merged into one sequence when the next prompt
 extends the previous prompt + completion exactly (the tokens in between, tool results, are not
-trained on). Token p of a sample carries the behaviour logprob and the advantage of the step
-that produced it (plus `span_weight` times the span rewards it lies in), and the sample the
+trained on). Token p of a sample carries the behaviour logprob and its advantage (the step's, or
+its own from the token-signal stage, `advantages.all_token_advantages`), and the sample the
 temperature its tokens were sampled at (the trainer scores them at that temperature). A sequence
 over the length limit keeps its first `max_len` tokens and is flagged; one whose completion would
 be cut away entirely is left out and counted, never dropped silently.
@@ -17,8 +17,8 @@ from typing import Sequence
 
 import torch
 
-from forge_bridge.core.types import Trajectory, Transition
-from forge_bridge.trainer.advantages import token_advantages
+from forge_bridge.core.errors import InvalidArgument
+from forge_bridge.core.types import Trajectory
 
 
 @dataclass
@@ -82,17 +82,23 @@ def cut_to(sample: Sample, max_len: int, stats: BatchStats) -> bool:
     return True
 
 
-def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[torch.Tensor],
-                  max_len: int, merge: bool = False,
-                  step_returns: Sequence[torch.Tensor] | None = None, span_weight: float = 0.0,
-                  step_spans: Sequence[Sequence[Sequence]] | None = None,
-                  token_rewards: Sequence[Sequence[Sequence[float] | None]] | None = None
+def token_row(advantage, n_tokens: int) -> list[float]:
+    """One step's advantage as a value per completion token: a scalar (a number or a 0-d tensor)
+    on every token, or one value per token as given."""
+    if isinstance(advantage, (int, float)) or (torch.is_tensor(advantage) and advantage.dim() == 0):
+        return [float(advantage)] * n_tokens
+    row = [float(a) for a in advantage]
+    if len(row) != n_tokens:
+        raise InvalidArgument(f"advantages: {len(row)} for a step of {n_tokens} completion tokens")
+    return row
+
+
+def build_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence], max_len: int,
+                  merge: bool = False, step_returns: Sequence[torch.Tensor] | None = None
                   ) -> tuple[list[Sample], BatchStats]:
-    """trajectories[i] has S_i steps; step_advantages[i] (and step_returns[i]) are [S_i].
-    `span_weight` scales the steps' span rewards into their tokens' advantages (0: the step's
-    advantage on every token): `step_spans[i][t]` where given, else `info['span_rewards']`.
-    `token_rewards[i][t]`: a reward per completion token of step t added to its advantage
-    (on-policy distillation's; None: none). A guide trajectory's samples are marked 'guide'."""
+    """trajectories[i] has S_i steps; `advantages[i][t]` is step t's advantage, one value for every
+    token or one per completion token (`advantages.all_token_advantages`); step_returns[i] is [S_i].
+    A guide trajectory's samples are marked 'guide'."""
     samples: list[Sample] = []
     stats = BatchStats()
     for i, traj in enumerate(trajectories):
@@ -102,12 +108,7 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
                 stats.untrainable_steps += 1
                 current = None
                 continue
-            spans = step_spans[i][s] if step_spans is not None else span_rewards(step)
-            adv = token_advantages(float(step_advantages[i][s]), len(step.completion_token_ids), spans,
-                                   span_weight).tolist()
-            extra = token_rewards[i][s] if token_rewards is not None else None
-            if extra is not None:
-                adv = [a + float(r) for a, r in zip(adv, extra, strict=True)]
+            adv = token_row(advantages[i][s], len(step.completion_token_ids))
             ret = float(step_returns[i][s]) if step_returns is not None else 0.0
             prompt, completion = step.prompt_token_ids, step.completion_token_ids
             temperature = scoring_temperature(step.temperature)
@@ -138,11 +139,6 @@ def build_samples(trajectories: Sequence[Trajectory], step_advantages: Sequence[
     stats.samples = len(kept)
     stats.trained_tokens = sum(sum(s.loss_mask) for s in kept)
     return kept, stats
-
-
-def span_rewards(step: Transition) -> list[list]:
-    """The span rewards recorded on a step (`Episode.span_reward`): [start, end, value(, key)]."""
-    return step.info.get("span_rewards", [])
 
 
 def trained_tokens_per_step(samples: Sequence[Sample]) -> dict[tuple[str, int], int]:

@@ -20,7 +20,7 @@ from forge_bridge.core.episode import Recorder
 from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.core.recording import transition_of
 from forge_bridge.core.store import TrajectoryStore
-from forge_bridge.core.types import Trajectory
+from forge_bridge.core.types import Trajectory, succeeded
 from forge_bridge.policies.base import Policy
 from forge_bridge.policies.scripted import ScriptedPolicy, Step
 from forge_bridge.trainer import rollouts
@@ -66,7 +66,7 @@ def record_demonstrations(make_rollout: Callable[[Policy], rollouts.Rollout], ta
 def usable(demonstrations: Sequence[Trajectory], success_threshold: float = 1.0) -> list[Trajectory]:
     """The demonstrations worth imitating: ended by the agent itself with a passing reward; the
     others are named, not silently dropped."""
-    kept = [t for t in demonstrations if t.end_reason == "terminated" and (t.reward or 0.0) >= success_threshold]
+    kept = [t for t in demonstrations if t.end_reason == "terminated" and succeeded(t.reward, success_threshold)]
     refused = [t for t in demonstrations if t not in kept]
     if refused:
         print(f"demonstrations: not learning from {len(refused)} of {len(demonstrations)} (e.g. task "

@@ -24,15 +24,17 @@ import torch
 from forge_bridge.core.types import Trajectory, TrajectoryGroup, Transition
 from forge_bridge.policies.base import DEFAULT_SLOT
 from forge_bridge.trainer.advantages import (
+    all_token_advantages,
     anchor_step_advantages,
     centre_span_rewards,
     combine,
     discounted_returns,
     episode_advantages,
+    span_rewards,
     step_rewards,
 )
 from forge_bridge.trainer import teacher as teaching
-from forge_bridge.trainer.batch import BatchStats, Sample, build_samples, span_rewards, trained_tokens_per_step
+from forge_bridge.trainer.batch import BatchStats, Sample, build_samples, trained_tokens_per_step
 from forge_bridge.trainer.config import GRPOConfig, OfflineConfig
 from forge_bridge.trainer.loop import Trainer
 from forge_bridge.trainer.losses import policy_objective
@@ -109,6 +111,8 @@ class GRPOTrainer(Trainer):
     """GRPO; with a `teacher` (`trainer/teacher.py`), guided groups, distillation and relabelling."""
 
     config: GRPOConfig
+    learns_offline = True
+    """`train_offline` may run this trainer's objective on recorded episodes (PPO's value head may not)."""
 
     def __init__(self, policy, config: GRPOConfig, *, teacher: Teacher | None = None, **kwargs) -> None:
         super().__init__(policy, config, **kwargs)
@@ -156,13 +160,12 @@ class GRPOTrainer(Trainer):
         flat = [a for advs, k in zip(advantages, keep) if k for a in advs]
         flat_spans = [sp for group_spans, k in zip(spans, keep) if k for sp in group_spans]
         relabelled, taught = self.teach(groups)
-        token_rewards = None
+        distilled = None
         if self.config.distill_beta > 0:
-            token_rewards, taught["distill_log_ratio"] = teaching.distillation_token_rewards(
+            distilled, taught["distill_log_ratio"] = teaching.distillation_token_rewards(
                 trajectories, self.step_teacher, self.config.distill_beta)
-        samples, stats = build_samples(trajectories, flat, self.config.max_seq_len, self.config.merge_steps,
-                                       span_weight=self.config.span_weight, step_spans=flat_spans,
-                                       token_rewards=token_rewards)
+        tokens = all_token_advantages(trajectories, flat, self.config.span_weight, flat_spans, distilled)
+        samples, stats = build_samples(trajectories, tokens, self.config.max_seq_len, self.config.merge_steps)
         samples += relabelled
         first = [float(a[0]) for a, t in zip(flat, trajectories) if len(a) and t.behaviour == "policy"]
         uniform = len(groups) - sum(signal)
@@ -172,9 +175,11 @@ class GRPOTrainer(Trainer):
 
     def objective(self, logp, hidden, batch):
         """GRPO's loss on one microbatch (`losses.policy_objective`)."""
+        guidance = self.config.guidance
         return policy_objective(logp, self.old_logprobs(logp, batch), batch["sampler_logprobs"], batch["advantages"],
-                                batch["loss_mask"], self.reference_logprobs(batch), self.config,
-                                batch.get("guide_mask"), batch.get("relabel_mask"))
+                                batch["loss_mask"], self.reference_logprobs(batch), self.config.loss,
+                                guide_mask=batch.get("guide_mask"), shaping=guidance.shaping if guidance else 0.1,
+                                relabel_mask=batch.get("relabel_mask"), relabel_weight=self.config.relabel_weight)
 
     # ------------------------------------------------------------------ the teacher
     def use_teacher(self, teacher: Teacher) -> None:
@@ -209,8 +214,8 @@ class GRPOTrainer(Trainer):
             stats["distill_unscored_steps"] = failed
         if self.config.relabel_weight > 0:
             acting = teaching.acting_policy(self.teacher.policy, self.tokenizer, getattr(self.policy, "tool_format", "auto"))
-            samples, relabelled = teaching.relabel_samples(acting, trajectories, self.config.success_threshold,
-                                                          self.config.max_seq_len, self.config.concurrency)
+            samples, relabelled = teaching.relabel_samples(acting, trajectories, self.config.rollout.success_threshold,
+                                                          self.config.max_seq_len, self.config.rollout.concurrency)
             stats |= relabelled
         return samples, stats
 

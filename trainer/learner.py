@@ -76,23 +76,23 @@ class Learner:
         base, self.tokenizer = models.load(source)
         self.pad_id: int = self.tokenizer.pad_token_id or 0
         """What collated batches are padded with (masked out wherever it lands)."""
-        self.device = device = ranks.device(resolve_device(config.device))
+        self.device = device = ranks.device(resolve_device(config.optimizer.device))
         """Where the model, the batches and the optimizer state live."""
         base.to(device)
         self.eager_up_to = EAGER_MAX_LEN if str(device) == "cpu" and hasattr(base, "set_attn_implementation") else 0
         """Batches up to this many tokens run eager attention (see `attention`); 0: the model's own."""
         if self.eager_up_to:
             base.set_attn_implementation("eager")
-        if config.gradient_checkpointing:
+        if config.optimizer.gradient_checkpointing:
             base.activation_checkpointing_enable({"use_reentrant": False})
-        self.share_prefix = not config.gradient_checkpointing
+        self.share_prefix = not config.optimizer.gradient_checkpointing
         """Whether a microbatch's shared token prefix runs once (not under activation checkpointing,
         nor once FSDP2 shards the model: ranks would make different numbers of collective calls)."""
         self.slots = list(slots)
         """The LoRAs trained, by policy slot: the shared one first, then one per role slot."""
-        self.model = attach_lora(base, config.lora_rank, config.lora_alpha, config.lora_targets,
-                                 extra_adapters=self.slots[1:], seed=config.seed)
-        self.bf16 = bf16_supported(device) if config.bf16 is None else config.bf16
+        self.model = attach_lora(base, config.lora.rank, config.lora.alpha, config.lora.targets,
+                                 extra_adapters=self.slots[1:], seed=config.run.seed)
+        self.bf16 = bf16_supported(device) if config.optimizer.bf16 is None else config.optimizer.bf16
         made = heads(base.config.hidden_size) if heads else {}
         self.heads: dict[str, torch.nn.Module] = {name: module.to(device) for name, (module, _) in made.items()}
         """Modules trained beside the LoRA (PPO's value head), by name; shared by every slot."""
@@ -114,7 +114,7 @@ class Learner:
     def remake_optimizer(self, slot: str) -> None:
         """A fresh optimizer for a slot's LoRA (one per LoRA: a role's updates never move another
         role's adapter or state), with its parameter groups' names and rates."""
-        groups = [{"params": adapter_parameters(self.model, slot), "lr": self.config.lr, "name": "0"}]
+        groups = [{"params": adapter_parameters(self.model, slot), "lr": self.config.optimizer.lr, "name": "0"}]
         groups += [{"params": list(module.parameters()), "lr": self.head_lrs[name], "name": name}
                    for name, module in self.heads.items()]
         self.group_names[slot] = [g.pop("name") for g in groups]
@@ -128,10 +128,10 @@ class Learner:
 
     def stepping(self) -> Stepping:
         """How the active slot's optimizer steps (`step`), from the config."""
-        c = self.config
+        c = self.config.optimizer
         return Stepping(self.optimizer, tuple(self.group_names[self.active_slot]),
                         tuple(self.base_lrs[self.active_slot]), c.grad_clip, c.warmup_steps,
-                        c.microbatch_size, c.loss_aggregation)
+                        c.microbatch_size, self.config.loss.aggregation)
 
     @contextmanager
     def training(self, slot: str):

@@ -59,8 +59,8 @@ class Trainer:
             raise InvalidArgument("the trainer needs the base model the policy serves: pass "
                                   "model='<name or directory>' (a VLLMPolicy does not know it)")
         self.policy, self.config = policy, config
-        torch.manual_seed(config.seed)
-        self.role_slots = role_slots(config.role_slots, getattr(self.policy, "role_slots", {}))
+        torch.manual_seed(config.run.seed)
+        self.role_slots = role_slots(config.lora.role_slots, getattr(self.policy, "role_slots", {}))
         """Role -> slot: the config's, with what the policy's front ends declared they serve."""
         if self.role_slots and not self.per_role_loras:
             raise Unsupported(f"{type(self).__name__} trains one LoRA for every role, but the policy serves roles "
@@ -69,7 +69,7 @@ class Trainer:
         self.learner = Learner(str(source), config, slots, self.ranks, self.heads)
         self.reference = Reference()
         """The KL reference (the base model until `freeze_reference`)."""
-        self.publisher = Publisher(policy, Path(config.out_dir) / "adapters", config.run_name, slots)
+        self.publisher = Publisher(policy, Path(config.run.out_dir) / "adapters", config.run.name, slots)
         self.run: RunFolder = None if self.follower else RunFolder(  # type: ignore[assignment]
             config, str(source), type(self).__name__, recorder, self.learner.tokenizer)
         """The run folder and its store: the leader's."""
@@ -122,7 +122,7 @@ class Trainer:
         else:
             self.run.refuse_to_overwrite()
         bar = tqdm(range(self.iteration, iterations), desc="training", unit="it",
-                   disable=not self.config.progress, initial=self.iteration, total=iterations)
+                   disable=not self.config.run.progress, initial=self.iteration, total=iterations)
         for it in bar:
             metrics = self.run_iteration(rollout, tasks, it)
             bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", success=f"{metrics['success_rate']:.2f}")
@@ -134,13 +134,13 @@ class Trainer:
         """Iteration `it`'s rollouts of these (task id, task) pairs, as trainable groups: on
         threads here, or on the runner's workers (which reach the policy this trainer publishes to)."""
         return rollouts.collect(rollout, tasks, it, recorder=self.recorder, run_id=self.run_id,
-                                group_size=self.config.group_size, concurrency=self.config.concurrency,
-                                success_threshold=self.config.success_threshold,
-                                progress=self.config.progress, policy=self.policy, seed=self.config.seed)
+                                group_size=self.config.rollout.group_size, concurrency=self.config.rollout.concurrency,
+                                success_threshold=self.config.rollout.success_threshold,
+                                progress=self.config.run.progress, policy=self.policy, seed=self.config.run.seed)
 
     def tasks_for(self, tasks: Sequence[Any] | TaskSchedule, it: int) -> list[tuple[str, Any]]:
         """Iteration `it`'s (task id, task) pairs (`rollouts.tasks_for`)."""
-        return rollouts.tasks_for(it, tasks, self.config.tasks_per_iteration, self.config.seed)
+        return rollouts.tasks_for(it, tasks, self.config.rollout.tasks_per_iteration, self.config.run.seed)
 
     def by_slot(self, groups: list[TrajectoryGroup]) -> list[tuple[str, list[TrajectoryGroup]]]:
         """The groups each LoRA trains, every group checked before anything trains; the shared
@@ -152,7 +152,7 @@ class Trainer:
     def update(self, samples: list[Sample]) -> dict:
         """The active slot's optimizer steps on these samples (`Learner.update`: epochs x
         minibatches, each forward, objective, backward, clip and step), on every rank of a job."""
-        c = self.config
+        c = self.config.optimizer
         steps = plan(self.run.rng, len(samples), c.epochs, c.minibatch_size)
         return self._update(self.learner.active_slot, samples, steps)
 
@@ -191,7 +191,7 @@ class Trainer:
 
     def say(self, line: str) -> None:
         """A line for the person watching (above the progress bars), when `progress` is on."""
-        if self.config.progress and line:
+        if self.config.run.progress and line:
             from tqdm.auto import tqdm
 
             tqdm.write(line)
@@ -225,7 +225,7 @@ class Trainer:
 
     def reference_logprobs(self, batch: dict) -> torch.Tensor | None:
         """Log-probabilities [B, T] under the KL reference, without gradient (None: no KL term)."""
-        if self.config.kl_beta <= 0:
+        if self.config.loss.kl_beta <= 0:
             return None
         return self.reference.logprobs(self.learner.model, batch, self.learner.share_prefix)
 
@@ -250,9 +250,9 @@ class Trainer:
         from forge_bridge.trainer.probe import probe
 
         return probe(rollout, tasks, recorder=self.recorder, run_id=f"{self.run_id}-{name}",
-                     group_size=group_size or self.config.group_size, kind_key=kind_key, greedy=greedy,
-                     concurrency=self.config.concurrency, success_threshold=self.config.success_threshold,
-                     progress=self.config.progress, policy=self.policy, seed=self.config.seed,
+                     group_size=group_size or self.config.rollout.group_size, kind_key=kind_key, greedy=greedy,
+                     concurrency=self.config.rollout.concurrency, success_threshold=self.config.rollout.success_threshold,
+                     progress=self.config.run.progress, policy=self.policy, seed=self.config.run.seed,
                      require_kind=require_kind)
 
     def save_checkpoint(self) -> Path:
@@ -285,7 +285,7 @@ class Trainer:
     @property
     def out(self) -> Path:
         """The run folder."""
-        return Path(self.config.out_dir)
+        return Path(self.config.run.out_dir)
 
     @property
     def recorder(self) -> Recorder:

@@ -8,11 +8,10 @@ tokens were sampled (by vLLM or the embedded policy), all at the sampling temper
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from forge_bridge.core.errors import InvalidArgument
+from forge_bridge.core.errors import InvalidArgument, WrongType
+from forge_bridge.trainer.settings import LossConfig
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token") -> torch.Tensor:
@@ -76,27 +75,29 @@ def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) 
 
 def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, sampler_logp: torch.Tensor,
                      advantages: torch.Tensor, mask: torch.Tensor, ref_logp: torch.Tensor | None,
-                     config: Any, guide_mask: torch.Tensor | None = None,
-                     relabel_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                     config: LossConfig, *, guide_mask: torch.Tensor | None = None, shaping: float = 0.1,
+                     relabel_mask: torch.Tensor | None = None, relabel_weight: float = 0.0
+                     ) -> tuple[torch.Tensor, dict[str, float]]:
     """The whole policy objective GRPO and PPO train, per masked token by whose it is:
 
     - the policy's own tokens: the clipped surrogate of `clipped_surrogate`, weighted by the
       truncated importance weight min(pi_old / pi_sampler, `config.tis_cap`) (None: 1);
     - guide tokens (`guide_mask`, a teacher's or a demonstration's in a GRPO group):
-      -f(pi) * A with f(pi) = pi / (pi + `config.guidance.shaping`) (`guide_policy_loss`);
+      -f(pi) * A with f(pi) = pi / (pi + `shaping`) (`guide_policy_loss`; `Guidance.shaping`);
     - relabelled tokens (`relabel_mask`, the teacher's action at a state the policy failed
-      from): -`config.relabel_weight` * log pi (imitation);
+      from): -`relabel_weight` * log pi (imitation);
 
-    averaged over every masked token (`config.loss_aggregation`), plus `config.kl_beta` times
-    the k3 KL to the reference (`ref_logp`; needed only when kl_beta > 0) over the policy's own
-    tokens. Without a KL term the KL to the sampler is logged instead (a cheap drift gauge).
-    `config`: a TrainerConfig (clip_low, clip_high, tis_cap, kl_beta, loss_aggregation; GRPO's
-    guidance and relabel_weight where those masks are given).
+    averaged over every masked token (`config.aggregation`), plus `config.kl_beta` times the k3
+    KL to the reference (`ref_logp`; needed only when kl_beta > 0) over the policy's own tokens.
+    Without a KL term the KL to the sampler is logged instead (a cheap drift gauge).
 
     logp, old_logp, sampler_logp, advantages, mask, ref_logp, guide_mask, relabel_mask: [B, T] ->
     (scalar loss, stats: clip_fraction, ratio_mean, sampler_logp_gap, tis_weight_mean, kl, and
     guide_weight_mean where guide tokens are present)."""
-    mode = config.loss_aggregation
+    if not isinstance(config, LossConfig):
+        raise WrongType(f"policy_objective: config: expected a LossConfig (a trainer config's .loss), "
+                        f"got {type(config).__name__}")
+    mode = config.aggregation
     mask = mask.float()
     guide = torch.zeros_like(mask) if guide_mask is None else guide_mask.float() * mask
     relabel = torch.zeros_like(mask) if relabel_mask is None else relabel_mask.float() * mask
@@ -107,9 +108,9 @@ def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, sampler_logp: t
         per_token = per_token * weights
     per_token = per_token * own
     if guide.any():
-        per_token = per_token + guide_policy_loss(logp, advantages, config.guidance.shaping) * guide
+        per_token = per_token + guide_policy_loss(logp, advantages, shaping) * guide
     if relabel.any():
-        per_token = per_token - config.relabel_weight * logp * relabel
+        per_token = per_token - relabel_weight * logp * relabel
     loss = aggregate(per_token, mask, mode)
     m, g = own.bool(), guide.bool()
     with torch.no_grad():
@@ -119,7 +120,7 @@ def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, sampler_logp: t
         if weights is not None:
             stats["tis_weight_mean"] = float(weights[m].mean()) if m.any() else 1.0
         if g.any():
-            stats["guide_weight_mean"] = float(shaping_weight(logp, config.guidance.shaping)[g].mean())
+            stats["guide_weight_mean"] = float(shaping_weight(logp, shaping)[g].mean())
     if config.kl_beta > 0:
         if ref_logp is None:
             raise InvalidArgument("policy_objective: kl_beta > 0 needs the reference's log-probabilities (ref_logp)")

@@ -102,18 +102,18 @@ def chunk_by_budget(lengths: Sequence[int], estimate: MemoryEstimate, budget_gb:
 
 def budget_chunker(model: Any, model_config: Any, config: Any, device: Any, eager_up_to: int
                    ) -> Callable[[list[int]], list[list[int]]] | None:
-    """`config.max_memory_gb` as a chunker of sorted sequence lengths for `learner.microbatches`,
+    """`config.optimizer.max_memory_gb` as a chunker of sorted sequence lengths for `learner.microbatches`,
     checked now against one sequence of `max_seq_len` tokens (an impossible budget is refused
     before any rollout); None without a budget."""
-    if config.max_memory_gb is None:
+    if config.optimizer.max_memory_gb is None:
         return None
     import torch
 
     with torch.no_grad():  # every weight touched once: memory-mapped weights count from here on
         model(input_ids=torch.zeros(1, 2, dtype=torch.long, device=device))
-    estimate = MemoryEstimate.for_model(model_config, resident_gb(device), eager_up_to, config.gradient_checkpointing)
-    estimate.check(config.max_memory_gb, config.max_seq_len)
-    return partial(chunk_by_budget, estimate=estimate, budget_gb=config.max_memory_gb)
+    estimate = MemoryEstimate.for_model(model_config, resident_gb(device), eager_up_to, config.optimizer.gradient_checkpointing)
+    estimate.check(config.optimizer.max_memory_gb, config.max_seq_len)
+    return partial(chunk_by_budget, estimate=estimate, budget_gb=config.optimizer.max_memory_gb)
 
 
 def resident_gb(device: object = "cpu") -> float:

@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from forge_bridge.core.errors import InvalidArgument, WrongType
+from forge_bridge.core.errors import InvalidArgument, Unsupported, WrongType
 from forge_bridge.core.store import TrajectoryStore
-from forge_bridge.core.types import TRAINABLE_ENDS, Trajectory
+from forge_bridge.core.types import TRAINABLE_ENDS, Trajectory, succeeded, success_rate
 from forge_bridge.rewards.feedback import Combine, feedback_reward, mean
+from forge_bridge.trainer.advantages import standardise
 from forge_bridge.trainer.batch import build_samples
 from forge_bridge.trainer.config import OfflineConfig
 from forge_bridge.trainer.lora import save_adapter
@@ -51,9 +52,7 @@ def rewards_of(store: TrajectoryStore, episodes: list[Trajectory], combine: Comb
 
 def batch_advantages(rewards: list[float]) -> list[float]:
     """(r - mean) / std over the batch; all 0 when the rewards do not differ. [N] -> [N]"""
-    r = torch.tensor(rewards, dtype=torch.float64)
-    std = float(r.std(unbiased=False)) if len(rewards) > 1 else 0.0
-    return [0.0] * len(rewards) if std < 1e-8 else ((r - r.mean()) / std).tolist()
+    return standardise(torch.tensor(rewards, dtype=torch.float64)).tolist()
 
 
 def train_offline(trainer: "Trainer", store: TrajectoryStore, config: OfflineConfig = OfflineConfig(), *,
@@ -63,6 +62,9 @@ def train_offline(trainer: "Trainer", store: TrajectoryStore, config: OfflineCon
     is an `InvalidArgument` naming the counts: a run is never silently left untrained."""
     from forge_bridge.trainer.sft import sft
 
+    if not getattr(trainer, "learns_offline", False):
+        raise Unsupported(f"train_offline: a {type(trainer).__name__} does not learn from recorded episodes; "
+                          "use a GRPOTrainer (its policy objective needs no value estimates of these states)")
     if not isinstance(store, TrajectoryStore):
         raise WrongType(f"store: expected a TrajectoryStore, got {type(store).__name__}")
     trainer.ranks.check_local("train_offline")
@@ -70,13 +72,13 @@ def train_offline(trainer: "Trainer", store: TrajectoryStore, config: OfflineCon
                 if t.end_reason in TRAINABLE_ENDS and not t.excluded and t.transitions]
     rewards = rewards_of(store, episodes, combine, judge)
     scored = [(t, r) for t, r in zip(episodes, rewards) if r is not None]
-    good = [t for t, r in scored if r >= config.threshold and t.behaviour in ("upstream", "demonstration")]
+    good = [t for t, r in scored if succeeded(r, config.threshold) and t.behaviour in ("upstream", "demonstration")]
     own = [(t, r) for t, r in scored if t.behaviour == "policy"]
     metrics: dict[str, Any] = {
         "offline_episodes": len(episodes), "offline_missing_reward": len(episodes) - len(scored),
         "offline_imitated": len(good) if config.imitate else 0, "offline_own": len(own) if config.reinforce else 0,
         "reward_mean": sum(r for _, r in scored) / max(len(scored), 1),
-        "success_rate": sum(r >= config.threshold for _, r in scored) / max(len(scored), 1)}
+        "success_rate": success_rate([r for _, r in scored], config.threshold)}
     if not metrics["offline_imitated"] and not metrics["offline_own"]:
         raise InvalidArgument(
             f"train_offline: nothing to learn from in {store.path}: {len(episodes)} episodes, "

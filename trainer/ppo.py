@@ -20,7 +20,7 @@ import torch
 
 from forge_bridge.core.errors import InvalidState
 from forge_bridge.core.types import Trajectory
-from forge_bridge.trainer.advantages import gae, step_rewards
+from forge_bridge.trainer.advantages import all_token_advantages, gae, standardise, step_rewards
 from forge_bridge.trainer.batch import build_samples, trained_tokens_per_step
 from forge_bridge.trainer.config import PPOConfig
 from forge_bridge.trainer.learner import microbatches
@@ -66,9 +66,8 @@ def ppo_advantages(trajectories: Sequence[Trajectory], values: Sequence[torch.Te
         advantages.append(a)
         targets.append(target)
     if config.normalize_advantages and advantages:
-        flat = torch.cat(advantages)
-        if flat.numel() > 1 and flat.std() > 1e-6:
-            advantages = [(a - flat.mean()) / (flat.std() + 1e-6) for a in advantages]
+        flat = standardise(torch.cat(advantages))
+        advantages = list(flat.split([len(a) for a in advantages]))
     return advantages, targets
 
 
@@ -100,8 +99,9 @@ class PPOTrainer(Trainer):
         advantages, returns = ppo_advantages(trajectories, values, self.config,
                                              [float(v[-1]) if len(v) else 0.0 for v in values])  # V(s_T) ~ V(s_{T-1})
         self.remember_advantages(trajectories, advantages)
-        samples, batch = build_samples(trajectories, advantages, self.config.max_seq_len, self.config.merge_steps,
-                                       step_returns=returns, span_weight=self.config.span_weight)
+        tokens = all_token_advantages(trajectories, advantages, self.config.span_weight)  # + recorded span rewards
+        samples, batch = build_samples(trajectories, tokens, self.config.max_seq_len, self.config.merge_steps,
+                                       step_returns=returns)
         self.record_credit(groups, trained_tokens_per_step(samples), it + 1)
         stats = self.update(samples) if samples else {}  # epochs x minibatches: forward, objective, step
         t2 = time.perf_counter()
@@ -119,7 +119,7 @@ class PPOTrainer(Trainer):
         learner, head = self.learner, self.learner.heads["value_head"]
         values: dict[tuple[str, int], float] = {}
         with torch.no_grad():
-            size = self.config.microbatch_size or self.config.minibatch_size
+            size = self.config.optimizer.microbatch_size or self.config.optimizer.minibatch_size
             for chunk, _ in microbatches(samples, size, "token", learner.chunker):
                 batch = learner.collate(chunk)
                 _, hidden, _ = learner.score(batch)
@@ -134,7 +134,7 @@ class PPOTrainer(Trainer):
         """PPO's loss on one microbatch: the policy objective plus the value loss."""
         loss, stats = policy_objective(logp, self.old_logprobs(logp, batch), batch["sampler_logprobs"],
                                        batch["advantages"], batch["loss_mask"], self.reference_logprobs(batch),
-                                       self.config)
+                                       self.config.loss)
         values = read_values(self.learner.heads["value_head"], hidden, batch["value_positions"])
         vloss = value_loss(values, batch["returns"], batch["value_mask"])
         stats["value_loss"] = float(vloss.detach())

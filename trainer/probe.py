@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from forge_bridge.core.episode import Recorder
 from forge_bridge.core.errors import InvalidArgument
+from forge_bridge.core.types import succeeded
 from forge_bridge.trainer import rollouts
 
 NO_SIGNAL_DOC = "docs/own-agent.md#no-signal"
@@ -133,7 +134,7 @@ def probe(rollout: rollouts.Rollout, tasks: Sequence[Any], *, recorder: Recorder
         rewards = [float(t.reward or 0.0) for t in group.trajectories]
         c = counts[kinds[group.task_id]]
         c[0] += len(rewards)
-        c[1] += sum(r >= success_threshold for r in rewards)
+        c[1] += sum(succeeded(r, success_threshold) for r in rewards)
         c[2] += 1
         c[3] += max(rewards) - min(rewards) <= 1e-9
     return ProbeReport({kind: KindSignal(kind, *c) for kind, c in counts.items()}, 1 if greedy else group_size, greedy)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 from forge_bridge.core.episode import Recorder, derive_seed
 from forge_bridge.core.errors import InvalidArgument
-from forge_bridge.core.types import END_REASONS, Trajectory, TrajectoryGroup, group_trajectories
+from forge_bridge.core.types import END_REASONS, Trajectory, TrajectoryGroup, group_trajectories, success_rate
 
 Rollout = Callable[[Any], float]
 """Runs the agent on one task inside the episode the trainer opened; returns the reward."""
@@ -218,10 +218,10 @@ def read_back(recorder: Recorder, run_id: str, jobs: list[Job], opened: list[str
     if reasons:
         print(f"iteration {it + 1}: not training on {len(reasons)} episode(s) (e.g. {reasons[0]})")
     rewards = [float(t.reward) for t in trained]
-    by_kind: dict[str, list[bool]] = {}
+    by_kind: dict[str, list[float]] = {}
     for t in trained:
         if "kind" in t.metadata:
-            by_kind.setdefault(str(t.metadata["kind"]), []).append(float(t.reward) >= success_threshold)
+            by_kind.setdefault(str(t.metadata["kind"]), []).append(float(t.reward))
     mean = sum(rewards) / len(rewards) if rewards else 0.0
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else 0.0
     return groups, {
@@ -230,8 +230,8 @@ def read_back(recorder: Recorder, run_id: str, jobs: list[Job], opened: list[str
         "episodes_truncated": ends["truncated"], "episodes_policy_fault": ends["policy_fault"],
         "episodes_lost": len(lost),
         "reward_mean": mean, "reward_std": std,
-        "success_rate": sum(r >= success_threshold for r in rewards) / len(rewards) if rewards else 0.0,
-        **{f"success/{kind}": sum(ok) / len(ok) for kind, ok in sorted(by_kind.items())},
+        "success_rate": success_rate(rewards, success_threshold),
+        **{f"success/{kind}": success_rate(mine, success_threshold) for kind, mine in sorted(by_kind.items())},
         **{f"calls/{name}": share for name, share in call_formats(trained).items()}}
 
 

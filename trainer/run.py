@@ -17,7 +17,6 @@ again with fresh ones.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -46,25 +45,24 @@ class RunFolder:
 
     def __init__(self, config: TrainerConfig, source: str, algorithm: str, recorder: Recorder | None,
                  tokenizer: object) -> None:
-        self.folder = Path(config.out_dir)
+        self.folder = Path(config.run.out_dir)
         self.config = config
         self.folder.mkdir(parents=True, exist_ok=True)
         self.previous_run = runs.holds_run(self.folder)
         """The folder held a run when this trainer was made: train() resumes it or refuses."""
-        self.run_id = (runs.read_run_id(self.folder, config.run_name) if self.previous_run
-                       else runs.new_run(self.folder, config.run_name))
+        self.run_id = (runs.read_run_id(self.folder, config.run.name) if self.previous_run
+                       else runs.new_run(self.folder, config.run.name))
         """Keys every trajectory, group id and metrics line of this run."""
         self.recorder = recorder or Recorder(self.folder / "trajectories.db", run_id=self.run_id)
         if not (self.folder / "tokenizer").is_dir():  # the run folder reads on its own (forge-bridge inspect)
             tokenizer.save_pretrained(self.folder / "tokenizer")
         (self.folder / "trainer.json").write_text(json.dumps(
-            {"trainer": algorithm, "model": source, "config": dataclasses.asdict(config)},
-            indent=1, default=str))  # out_dir may be a Path
+            {"trainer": algorithm, "model": source, "config": config.to_dict()}, indent=1))
         self.settings = config.to_dict()
         """The config as checkpoints record it."""
         self.log = RunLog(self.folder, self.run_id)
         """The metrics, one line per iteration (`metrics.jsonl`, TensorBoard)."""
-        self.rng = random.Random(config.seed)
+        self.rng = random.Random(config.run.seed)
         """Draws the tasks' order and the minibatches; checkpointed."""
         self.iteration = 0
         """Iterations done (resumed ones included)."""

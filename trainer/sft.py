@@ -85,7 +85,7 @@ def sft(trainer: "Trainer", demonstrations: Sequence[Trajectory], config: SFTCon
         result["held_out_base"] = {k: v.success_rate for k, v in before.kinds.items()}
         result["held_out_sft"] = {k: v.success_rate for k, v in after.kinds.items()}
         result["held_out_verdict"] = verdict(before, after)
-        if trainer.config.progress:
+        if trainer.config.run.progress:
             print(result["held_out_verdict"])
     trainer.run.log.log_event("sft", {k: v for k, v in result.items() if isinstance(v, (int, float))}
                              | {f"{key}/{kind}": v for key in ("held_out_base", "held_out_sft")
@@ -112,14 +112,14 @@ def _fit(trainer: "Trainer", samples: list, config: SFTConfig, slot: str, desc: 
     with a fresh optimizer of its own; the loss of every step."""
     from tqdm.auto import tqdm
 
-    learner, c = trainer.learner, trainer.config
+    learner, c = trainer.learner, trainer.config.optimizer
     samples = [dataclasses.replace(s, temperature=1.0) for s in samples]  # imitated as the model's own distribution
     stepping = Stepping(torch.optim.AdamW(adapter_parameters(learner.model, slot), lr=config.lr), ("0",),
                         (config.lr,), c.grad_clip, 0, c.microbatch_size, "token")
     size = config.batch_size or c.minibatch_size
     learner.model.train()
     losses: list[float] = []
-    with tqdm(total=config.epochs * -(-len(samples) // size), desc=desc, disable=not c.progress) as bar:
+    with tqdm(total=config.epochs * -(-len(samples) // size), desc=desc, disable=not trainer.config.run.progress) as bar:
         for epoch in range(1, config.epochs + 1):
             for minibatch in plan(trainer.run.rng, len(samples), 1, size)[0]:
                 stats = learner.step([samples[i] for i in minibatch], _objective, stepping)

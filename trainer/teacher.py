@@ -32,7 +32,7 @@ import torch
 
 from forge_bridge.core.episode import derive_seed
 from forge_bridge.core.errors import InvalidArgument, Unsupported, WrongType
-from forge_bridge.core.types import Action, Trajectory, TrajectoryGroup, Transition
+from forge_bridge.core.types import Action, Trajectory, TrajectoryGroup, Transition, succeeded, success_rate
 from forge_bridge.policies.base import Policy
 from forge_bridge.policies.scripted import ScriptedPolicy, Step
 from forge_bridge.trainer import rollouts
@@ -126,10 +126,9 @@ def acting_policy(teacher: Policy, tokenizer: Any, tool_format: str = "auto") ->
 
 
 # --------------------------------------------------------------------------- guide trajectories
-def success_rate(group: TrajectoryGroup, success_threshold: float) -> float:
+def own_success_rate(group: TrajectoryGroup, success_threshold: float) -> float:
     """The share of the group's own (on-policy) rollouts that succeeded."""
-    own = [t for t in group.trajectories if t.behaviour == "policy"]
-    return sum((t.reward or 0.0) >= success_threshold for t in own) / max(len(own), 1)
+    return success_rate([t.reward for t in group.trajectories if t.behaviour == "policy"], success_threshold)
 
 
 def as_guide(trajectory: Trajectory, group: TrajectoryGroup, it: int) -> Trajectory:
@@ -169,7 +168,7 @@ def guide(trainer: Any, groups: list[TrajectoryGroup], tasks: list[tuple[str, An
     could not be had: a task without demonstrations, a teacher rollout that failed)."""
     config, teacher = trainer.config, trainer.teacher
     guidance = config.guidance
-    needy = [g for g in groups if success_rate(g, config.success_threshold) <= guidance.below]
+    needy = [g for g in groups if own_success_rate(g, config.rollout.success_threshold) <= guidance.below]
     if guidance.source == "demonstrations":
         found = {(g.group_id, g.role): demonstration_guides(g, teacher.demonstrations, guidance.k, it) for g in needy}
         trainer.recorder.store.add_many([t for guides in found.values() for t in guides], "recording guides")
@@ -179,7 +178,7 @@ def guide(trainer: Any, groups: list[TrajectoryGroup], tasks: list[tuple[str, An
     out = [with_guides(g, added.get((g.group_id, g.role), [])) for g in groups]
     used = [t for guides in added.values() for t in guides]
     return out, {"guided_groups": sum(1 for guides in added.values() if guides), "guide_trajectories": len(used),
-                 "guide_success": sum((t.reward or 0.0) >= config.success_threshold for t in used) / max(len(used), 1),
+                 "guide_success": success_rate([t.reward for t in used], config.rollout.success_threshold),
                  "guides_missing": len(needy) * guidance.k - len(used)}
 
 
@@ -196,9 +195,9 @@ def teacher_guides(trainer: Any, needy: list[TrajectoryGroup], tasks: dict[str, 
     acting = acting_policy(teacher.policy, trainer.tokenizer, getattr(trainer.policy, "tool_format", "auto"))
     try:
         found, _ = rollouts.collect(teacher.make_rollout(acting), todo, it, recorder=trainer.recorder,
-                                    run_id=trainer.run_id, group_size=config.guidance.k, concurrency=config.concurrency,
-                                    success_threshold=config.success_threshold, progress=config.progress,
-                                    policy=acting, seed=derive_seed(config.seed, "guide"), desc=f"guides {it + 1}",
+                                    run_id=trainer.run_id, group_size=config.guidance.k, concurrency=config.rollout.concurrency,
+                                    success_threshold=config.rollout.success_threshold, progress=config.run.progress,
+                                    policy=acting, seed=derive_seed(config.run.seed, "guide"), desc=f"guides {it + 1}",
                                     behaviour="guide")
     except rollouts.RolloutError as exc:  # every guide rollout failed: recorded, none used
         trainer.say(f"iteration {it + 1}: no guide trajectory ({exc})")
@@ -234,7 +233,7 @@ def distillation_token_rewards(trajectories: Sequence[Trajectory], scored: dict[
         rows: list[list[float] | None] = []
         for k, step in enumerate(t.transitions):
             teacher_lp = scored.get((t.id, k))
-            if teacher_lp is None or len(teacher_lp) != len(step.completion_logprobs):
+            if teacher_lp is None or not len(teacher_lp) == len(step.completion_logprobs) == len(step.completion_token_ids):
                 rows.append(None)
                 continue
             student, teacher = torch.tensor(step.completion_logprobs), torch.tensor(teacher_lp)
@@ -251,7 +250,7 @@ def relabel_samples(acting: Policy, trajectories: Sequence[Trajectory], success_
     is counted, not guessed."""
     states: dict[tuple[int, ...], Transition] = {}
     for t in trajectories:
-        if t.behaviour == "policy" and (t.reward or 0.0) < success_threshold:
+        if t.behaviour == "policy" and not succeeded(t.reward, success_threshold):
             for step in t.transitions:
                 if step.has_tokens:
                     states.setdefault(tuple(step.prompt_token_ids), step)
@@ -280,4 +279,4 @@ def relabel_samples(acting: Policy, trajectories: Sequence[Trajectory], success_
 
 __all__ = ["PROBE_TEXT", "Teacher", "acting_policy", "as_guide", "check_teacher", "demonstration_guides",
            "distillation_token_rewards", "guide", "relabel_samples", "shares_vocabulary", "step_of",
-           "success_rate", "teacher_guides", "teacher_logprobs", "with_guides"]
+           "own_success_rate", "teacher_guides", "teacher_logprobs", "with_guides"]

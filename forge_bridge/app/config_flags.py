@@ -40,16 +40,28 @@ def _value_type(field: dataclasses.Field) -> type:
     raise WrongType(f"{field.name}: no command-line type for {annotation!r}")
 
 
+def setting(cls: type, name: str) -> tuple[type, dataclasses.Field]:
+    """The dataclass and field a setting's name means: a field of `cls`, or a flat name of a
+    trainer config (`lr`: `OptimizerConfig.lr`, trainer/config.py's FLAT_NAMES)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if name in fields:
+        return cls, fields[name]
+    from forge_bridge.trainer.config import FLAT_NAMES, PARTS
+
+    part, field = FLAT_NAMES[name]
+    return PARTS[part], {f.name: f for f in dataclasses.fields(PARTS[part])}[field]
+
+
 def add_config_flags(parser: argparse.ArgumentParser, cls: type, names: Sequence[str],
                      aliases: dict[str, str] | None = None) -> None:
     """Add `--field-name` for each named field of `cls`: its type, its docstring and default as
     help. Flags not given are absent from the parsed namespace (`config_kwargs` leaves them
     to the dataclass's defaults)."""
-    docs, fields = field_docs(cls), {f.name: f for f in dataclasses.fields(cls)}
     for name in names:
-        field = fields[name]
+        part, field = setting(cls, name)
+        docs = field_docs(part)
         flags = [f"--{name.replace('_', '-')}"] + ([aliases[name]] if aliases and name in aliases else [])
-        help_text = f"{docs.get(name, '')} (default: {field.default})".replace("%", "%%")
+        help_text = f"{docs.get(field.name, '')} (default: {field.default})".replace("%", "%%")
         kind = _value_type(field)
         if kind is tuple:  # a tuple of one type: `--flag A B C`
             if not field.default:

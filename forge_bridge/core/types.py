@@ -305,6 +305,18 @@ class TrajectoryGroup:
         return [t.reward for t in self.trajectories]
 
 
+def succeeded(reward: float | None, threshold: float = 1.0) -> bool:
+    """The one definition of success, which every metric, probe, guide and gate uses: the reward
+    reaches `threshold` (a missing reward is a failure)."""
+    return (reward or 0.0) >= threshold
+
+
+def success_rate(rewards: Iterable[float | None], threshold: float = 1.0) -> float:
+    """The share of `rewards` that `succeeded`; 0.0 for none."""
+    rewards = list(rewards)
+    return sum(succeeded(r, threshold) for r in rewards) / len(rewards) if rewards else 0.0
+
+
 def group_trajectories(trajectories: Iterable[Trajectory]) -> list[TrajectoryGroup]:
     """Trajectories that share a group id and role, as groups in order of first appearance, each
     in the order given (trajectories without a group id are left out)."""
@@ -382,5 +394,5 @@ class Feedback:
 
 
 __all__ = ["BEHAVIOURS", "END_REASONS", "SCHEMA_VERSION", "STATUSES", "STATUS_OF_END", "TRAINABLE_ENDS", "Action", "Feedback", "Observation",
-           "StepCredit", "ToolCall", "Trajectory", "TrajectoryGroup", "TrajectoryRow", "Transition",
+           "StepCredit", "succeeded", "success_rate", "ToolCall", "Trajectory", "TrajectoryGroup", "TrajectoryRow", "Transition",
            "group_trajectories", "new_id"]

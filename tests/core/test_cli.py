@@ -170,6 +170,7 @@ def test_config_flags_come_from_the_dataclasses():
     from forge_bridge.app.config_flags import config_kwargs, field_docs
     from forge_bridge.app.demo import DemoConfig
     from forge_bridge.trainer.config import TrainerConfig
+    from forge_bridge.trainer.settings import RolloutConfig
 
     parser = build_parser()
     args = parser.parse_args(["train", "--rollout", "m:r", "--tasks", "m:t"])
@@ -184,7 +185,7 @@ def test_config_flags_come_from_the_dataclasses():
     assert config_kwargs(args, DEMO_FLAGS) == {"demonstrate": ("multiply", "multiply_chain")}
     DemoConfig(**config_kwargs(args, DEMO_FLAGS))  # a tuple, as the dataclass wants
     docs = field_docs(TrainerConfig)
-    assert docs["group_size"] == "Rollouts per task per iteration (GRPO's group)."
+    assert field_docs(RolloutConfig)["group_size"] == "Rollouts per task per iteration (GRPO's group)."
     assert docs["gamma"].startswith("Discount over the model calls") and "seed" in field_docs(DemoConfig)
     train_help = parser._subparsers._group_actions[0].choices["train"].format_help()
     assert "Rollouts per task per iteration (GRPO's group). (default: 8)" in " ".join(train_help.split())

@@ -62,10 +62,10 @@ def test_adapters_and_trainer_live_only_under_forge_bridge(tmp_path):
 PUBLIC_API = [
     "Action", "AdapterError", "AgentError", "CommandRollout", "ContextLengthExceeded", "Distributed", "Environment",
     "Episode", "EpisodeClosed", "Feedback", "ForgeBridgeError", "GRPOConfig", "GRPOTrainer", "Gate", "Gateway",
-    "Guidance", "HarnessAgent", "InvalidArgument", "InvalidState", "LocalPolicy", "MissingExtra", "NotFound",
-    "Observation", "OfflineConfig", "PPOConfig", "PPOTrainer", "Policy", "PolicyError", "PolicyOutput",
-    "PolicyResponseError", "PolicyUnavailable", "Promotion", "Recorder", "RolloutError", "RunExistsError",
-    "SFTConfig", "SandboxUnavailable", "SchemaError", "ScriptedPolicy", "StepResult", "StepRewards", "StoreError",
+    "Guidance", "HarnessAgent", "InvalidArgument", "InvalidState", "LoRAConfig", "LocalPolicy", "LossConfig",
+    "MissingExtra", "NotFound", "Observation", "OfflineConfig", "OptimizerConfig", "PPOConfig", "PPOTrainer", "Policy",
+    "PolicyError", "PolicyOutput", "PolicyResponseError", "PolicyUnavailable", "Promotion", "Recorder",
+    "RolloutConfig", "RolloutError", "RunConfig", "RunExistsError", "SFTConfig", "SandboxUnavailable", "SchemaError", "ScriptedPolicy", "StepResult", "StepRewards", "StoreError",
     "Teacher", "ToolCall", "TrainerConfig", "Trajectory", "TrajectoryGroup", "TrajectoryStore", "Transition",
     "Unsupported", "UpstreamPolicy", "VLLMPolicy", "VLLMServer", "WrongType", "__version__", "current_episode",
     "episode", "feedback", "import_demonstrations", "read_demonstrations", "record_demonstrations", "sampling", "sft",
@@ -87,7 +87,10 @@ SUBPACKAGE_APIS = {
     "forge_bridge.rewards.feedback": ["Combine", "feedback", "feedback_reward", "latest_by_key", "mean"],
     "forge_bridge.rewards.judges": ["Ask", "Judge", "Malformed", "RelativeJudge", "RubricJudge", "asker", "parse_json",
                                     "transcript"],
-    "forge_bridge.trainer.config": ["Distributed", "GRPOConfig", "Guidance", "OfflineConfig", "PPOConfig", "SFTConfig", "TrainerConfig"],
+    "forge_bridge.trainer.config": ["FLAT_NAMES", "PARTS", "Distributed", "GRPOConfig", "Guidance", "OfflineConfig",
+                                    "PPOConfig", "SFTConfig", "TrainerConfig"],
+    "forge_bridge.trainer.settings": ["Frozen", "LoRAConfig", "LossConfig", "OptimizerConfig", "RolloutConfig",
+                                      "RunConfig", "check", "count", "number"],
 }
 
 

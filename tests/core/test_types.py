@@ -11,6 +11,8 @@ from forge_bridge.core.types import (
     Trajectory,
     TrajectoryGroup,
     Transition,
+    succeeded,
+    success_rate,
 )
 
 
@@ -93,3 +95,12 @@ def test_has_tokens_marks_untrainable_steps():
     assert make_transition().has_tokens
     assert not make_transition(prompt_token_ids=[], completion_token_ids=[],
                                completion_logprobs=[]).has_tokens
+
+
+def test_success_is_a_reward_at_the_threshold_and_a_missing_reward_fails():
+    assert succeeded(1.0) and succeeded(0.5, 0.5) and not succeeded(0.49, 0.5)
+    assert not succeeded(None) and succeeded(None, 0.0)
+    assert success_rate([1.0, 0.0, None, 2.0]) == 0.5
+    assert success_rate([0.3, 0.6, 0.9], threshold=0.5) == 2 / 3
+    assert success_rate([]) == 0.0
+    assert success_rate(iter([1.0, 1.0])) == 1.0  # any iterable, read once

@@ -53,8 +53,7 @@ def test_the_inspector_shows_the_demos_run_down_to_tokens_and_credit(quick_demo,
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     run_id = json.loads((out / "run.json").read_text())["run_id"]
     saved = json.loads((out / "trainer.json").read_text())
-    config = fb.GRPOConfig(**{k: tuple(v) if isinstance(v, list) else fb.Guidance(**v) if k == "guidance" and v else v
-                              for k, v in saved["config"].items()})
+    config = fb.GRPOConfig.from_dict(saved["config"])
     with Inspector(out) as inspector:
         page = chromium.new_page(viewport={"width": 1280, "height": 900})
         page.goto(inspector.url + "/")

@@ -12,6 +12,7 @@ from forge_bridge.trainer.advantages import (
     discounted_returns,
     episode_advantages,
     gae,
+    standardise,
     step_rewards,
     token_advantages,
 )
@@ -171,6 +172,23 @@ def test_gae_bootstraps_by_hand():
     assert close(adv, [0.148, 0.12]) and close(ret, [0.648, 0.72])
     adv, _ = gae(torch.tensor([0.0, 0.0]), torch.tensor([0.5, 0.6]), 0.9, 1.0)  # terminated: V = 0
     assert close(adv, [0.04 - 0.9 * 0.6, -0.6])
+
+
+def test_one_standardisation_population_std_and_zeros_without_spread():
+    # [1, 2, 3]: mean 2, population std sqrt(2/3) = 0.8165 -> -1/0.8165, 0, 1/0.8165
+    assert close(standardise(torch.tensor([1.0, 2.0, 3.0])), [-1.224744, 0.0, 1.224744])
+    assert close(standardise(torch.tensor([1.0, 2.0, 3.0]), scale_by_std=False), [-1.0, 0.0, 1.0])
+    assert close(standardise(torch.tensor([0.7, 0.7])), [0.0, 0.0])  # no spread, no signal (never NaN)
+    # centred on the values, scaled by another spread (anchor states: Q centred, V's members' std)
+    assert close(standardise(torch.tensor([1.0, 1.0, 0.0, 0.0]), spread=torch.tensor([2.0, 0.0, 0.0, 0.0])),
+                 [0.5 / (0.866025 + 1e-6)] * 2 + [-0.5 / (0.866025 + 1e-6)] * 2)
+
+
+def test_distillation_rewards_add_to_each_token_in_the_same_stage():
+    adv = token_advantages(0.5, 3, [[0, 2, 1.0]], span_weight=0.5, distillation=[0.1, -0.2, 0.0])
+    assert close(adv, [1.1, 0.8, 0.5])
+    with pytest.raises(ForgeBridgeError, match="2 for a step of 3 tokens"):
+        token_advantages(0.5, 3, distillation=[0.1, 0.2])
 
 
 def test_span_rewards_add_to_their_tokens_advantage_only():

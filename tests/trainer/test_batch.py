@@ -1,8 +1,11 @@
 """Samples come from the recorded token ids, with the loss on completions only."""
 
+import pytest
 import torch
 
+from forge_bridge.core.errors import ForgeBridgeError
 from forge_bridge.core.types import Action, Observation, Trajectory, Transition
+from forge_bridge.trainer.advantages import all_token_advantages
 from forge_bridge.trainer.batch import build_samples, collate, trained_tokens_per_step
 
 
@@ -83,10 +86,17 @@ def test_span_rewards_reach_their_tokens_through_merging_and_the_length_cut():
     second = step([1, 2, 3, 4, 7], [8, 9, 10])
     second.info["span_rewards"] = [[1, 3, -1.0], [0, 1, 2.0]]
     traj = Trajectory(transitions=[first, second])
-    (sample,), _ = build_samples([traj], [torch.tensor([1.0, 0.5])], 64, merge=True, span_weight=0.5)
+    tokens = all_token_advantages([traj], [torch.tensor([1.0, 0.5])], span_weight=0.5)  # the recorded spans
+    (sample,), _ = build_samples([traj], tokens, 64, merge=True)
     # prompt 1 2 | 3 4 (step 0: 1.0) | 7 (tool result) | 8 (0.5 + 1.0) 9 10 (0.5 - 0.5)
     assert sample.advantages == [0, 0, 1.0, 1.0, 0, 1.5, 0.0, 0.0]
-    (cut,), stats = build_samples([traj], [torch.tensor([1.0, 0.5])], 7, merge=True, span_weight=0.5)
+    (cut,), stats = build_samples([traj], tokens, 7, merge=True)
     assert cut.advantages == [0, 0, 1.0, 1.0, 0, 1.5, 0.0] and stats.truncated == 1
-    (plain,), _ = build_samples([traj], [torch.tensor([1.0, 0.5])], 64, merge=True)  # span_weight 0
+    (plain,), _ = build_samples([traj], [torch.tensor([1.0, 0.5])], 64, merge=True)  # a value per step
     assert plain.advantages == [0, 0, 1.0, 1.0, 0, 0.5, 0.5, 0.5]
+    # distillation's per-token rewards enter in the same stage, where given (None: a step unscored)
+    distilled = all_token_advantages([traj], [torch.tensor([1.0, 0.5])], 0.5, distillation=[[None, [0.1, 0.2, 0.3]]])
+    (both,), _ = build_samples([traj], distilled, 64, merge=True)
+    assert both.advantages == pytest.approx([0, 0, 1.0, 1.0, 0, 1.6, 0.2, 0.3])
+    with pytest.raises(ForgeBridgeError, match="2 for a step of 3 completion tokens"):
+        build_samples([traj], [[1.0, [0.1, 0.2]]], 64)

@@ -3,7 +3,6 @@ and relabelled tokens, the distillation reward, and the guided advantage over a 
 a group with no on-policy success gets a gradient on the guide's tokens and on the failed rollouts."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,13 +11,12 @@ from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.core.types import Action, Observation, Trajectory, TrajectoryGroup, Transition
 from forge_bridge.trainer.advantages import distillation_rewards
 from forge_bridge.trainer.batch import build_samples, collate
-from forge_bridge.trainer.config import GRPOConfig, Guidance
+from forge_bridge.trainer.config import GRPOConfig, Guidance, LossConfig
 from forge_bridge.trainer.grpo import grpo_advantages
 from forge_bridge.trainer.losses import guide_policy_loss, policy_objective, shaping_weight
-from forge_bridge.trainer.teacher import as_guide, success_rate, with_guides
+from forge_bridge.trainer.teacher import as_guide, own_success_rate, with_guides
 
-CONFIG = SimpleNamespace(clip_low=0.2, clip_high=0.2, tis_cap=2.0, kl_beta=0.0, loss_aggregation="token",
-                         guidance=Guidance(shaping=0.1), relabel_weight=0.5)
+CONFIG = LossConfig(clip_low=0.2, clip_high=0.2, tis_cap=2.0, kl_beta=0.0, aggregation="token")
 
 
 def test_the_shaping_weight_and_its_gradient_by_hand():
@@ -40,7 +38,8 @@ def test_the_objective_over_policy_guide_and_relabelled_tokens_by_hand():
     mask = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
     guide = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
     relabel = torch.tensor([[0.0, 0.0, 0.0, 1.0]])
-    loss, stats = policy_objective(logp, old, sampler, advantages, mask, None, CONFIG, guide, relabel)
+    loss, stats = policy_objective(logp, old, sampler, advantages, mask, None, CONFIG, guide_mask=guide, shaping=0.1,
+                                   relabel_mask=relabel, relabel_weight=0.5)
     expected = (-2.0 * 1.0 - (0.5 / 0.6) * 1.0 + 0.5 * math.log(4)) / 3
     assert float(loss.detach()) == pytest.approx(expected, abs=1e-6)
     loss.backward()
@@ -84,9 +83,9 @@ def demonstration(task="t"):
 
 def test_the_guided_advantage_over_the_union_by_hand():
     group = failing_group()
-    assert success_rate(group, 1.0) == 0.0
+    assert own_success_rate(group, 1.0) == 0.0
     guided = with_guides(group, [as_guide(demonstration(), group, 0)])
-    assert success_rate(guided, 1.0) == 0.0  # a guide's success is never the policy's
+    assert own_success_rate(guided, 1.0) == 0.0  # a guide's success is never the policy's
     (advs,) = grpo_advantages([guided], GRPOConfig(credit="trajectory"))
     # returns [0, 0, 0, 0, 1]: mean 0.2, population std 0.4 -> failures -0.5, the guide +2
     assert [float(a[0]) for a in advs] == pytest.approx([-0.5] * 4 + [2.0], abs=1e-5)
@@ -99,8 +98,8 @@ def gradient(group):
     batch = collate(samples, 0)
     logp = torch.full(batch["input_ids"].shape, -1.0, requires_grad=True)
     loss, _ = policy_objective(logp, logp.detach(), batch["sampler_logprobs"], batch["advantages"],
-                               batch["loss_mask"], None, SimpleNamespace(**{**vars(CONFIG), "relabel_weight": 0.0}),
-                               batch["guide_mask"], batch["relabel_mask"])
+                               batch["loss_mask"], None, CONFIG, guide_mask=batch["guide_mask"], shaping=0.1,
+                               relabel_mask=batch["relabel_mask"])
     loss.backward()
     return logp.grad, batch
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from forge_bridge.trainer.config import GRPOConfig
+from forge_bridge.trainer.config import GRPOConfig, LossConfig
 from forge_bridge.trainer.losses import (
     aggregate,
     kl_k3,
@@ -18,7 +18,7 @@ from forge_bridge.trainer.losses import (
 def objective(logp, old, advantages, mask, sampler=None, **settings):
     """The objective the trainer runs, on the policy's own tokens, without a KL term; the sampler
     is pi_old unless given (a truncated importance weight of 1)."""
-    config = GRPOConfig(kl_beta=0.0, **settings)
+    config = GRPOConfig(kl_beta=0.0, **settings).loss  # the flat names read into the nested LossConfig
     return policy_objective(logp, old, old if sampler is None else sampler, advantages, mask, None, config)
 
 
@@ -104,7 +104,7 @@ def test_the_whole_objective_by_hand():
     sampler = torch.log(torch.tensor([[0.25, 0.5, 0.1]]))
     ref = torch.log(torch.tensor([[0.3, 0.5, 0.2]]))
     adv, mask = torch.tensor([[1.0, -1.0, 1.0]]), torch.tensor([[1.0, 1.0, 0.0]])
-    config = GRPOConfig(tis_cap=1.5, kl_beta=0.1)
+    config = LossConfig(tis_cap=1.5, kl_beta=0.1)
     loss, stats = policy_objective(logp, old, sampler, adv, mask, ref, config)
     # token 0: -min(1.2, 1.2) * 1.5 = -1.8; token 1: -min(-0.5, -0.8) * 1 = 0.8 (clipped)
     surrogate = (-1.8 + 0.8) / 2
@@ -123,10 +123,12 @@ def test_the_whole_objective_by_hand():
 def test_the_objective_without_a_kl_term_logs_the_kl_to_the_sampler_and_needs_no_reference():
     old = torch.log(torch.tensor([[0.5, 0.5]]))
     sampler = torch.log(torch.tensor([[0.25, 0.5]]))
-    config = GRPOConfig(tis_cap=None)
+    config = LossConfig(tis_cap=None)
     loss, stats = policy_objective(old, old, sampler, torch.ones(1, 2), torch.ones(1, 2), None, config)
     assert loss.item() == pytest.approx(-1.0) and "tis_weight_mean" not in stats
     # k3(pi, sampler) with d = ln 0.5 on token 0, 0 on token 1
     assert stats["kl"] == pytest.approx((0.5 - math.log(0.5) - 1) / 2, abs=1e-6)
     with pytest.raises(ValueError, match="ref_logp"):
-        policy_objective(old, old, sampler, torch.ones(1, 2), torch.ones(1, 2), None, GRPOConfig(kl_beta=0.1))
+        policy_objective(old, old, sampler, torch.ones(1, 2), torch.ones(1, 2), None, LossConfig(kl_beta=0.1))
+    with pytest.raises(TypeError, match="expected a LossConfig"):  # a whole trainer config is not its loss part
+        policy_objective(old, old, sampler, torch.ones(1, 2), torch.ones(1, 2), None, GRPOConfig())

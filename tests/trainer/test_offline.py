@@ -15,7 +15,7 @@ from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.core.store import TrajectoryStore
 from forge_bridge.policies.local import LocalPolicy
 from forge_bridge.policies.scripted import ScriptedPolicy
-from forge_bridge.trainer.offline import batch_advantages
+from forge_bridge.trainer.offline import batch_advantages, train_offline
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -123,8 +123,20 @@ def test_nothing_to_learn_from_is_a_clear_error(choice_dir, tmp_path):
     policy.close()
 
 
+def test_a_trainer_without_an_offline_objective_is_refused_before_reading_anything(choice_dir, tmp_path):
+    policy = LocalPolicy(choice_dir)
+    store = production_store(tmp_path / "prod.db", policy.tokenizer)
+    trainer = fb.PPOTrainer(policy, fb.PPOConfig(out_dir=str(tmp_path / "run"), progress=False))
+    with pytest.raises(fb.Unsupported, match="a PPOTrainer does not learn from recorded episodes; use a GRPOTrainer"):
+        train_offline(trainer, store)
+    assert trainer.iteration == 0 and policy.current() is None
+    store.close()
+    trainer.close()
+    policy.close()
+
+
 def test_batch_advantages_by_hand():
-    assert batch_advantages([1.0, 0.0, 1.0, 0.0]) == [1.0, -1.0, 1.0, -1.0]
+    assert batch_advantages([1.0, 0.0, 1.0, 0.0]) == pytest.approx([1.0, -1.0, 1.0, -1.0], abs=1e-5)
     assert batch_advantages([0.5, 0.5]) == [0.0, 0.0] and batch_advantages([1.0]) == [0.0]
     with pytest.raises(InvalidArgument, match="threshold"):
         fb.OfflineConfig(threshold=float("nan"))
