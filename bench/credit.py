@@ -49,7 +49,7 @@ MULTI = ("lookup_multiply", "lookup_add")
 def arm_config(arm: str, args, out: Path, seed: int):
     import forge_bridge as fb
 
-    common = dict(group_size=args.group_size, lr=args.lr, warmup_steps=2, minibatch_size=64,
+    common = dict(group_size=args.group_size, lr=args.lr, warmup_steps=2, minibatch_size=64, kl_beta=0.0,
                   microbatch_size=8, concurrency=args.concurrency, max_seq_len=1024, merge_steps=True,
                   run_name=arm, out_dir=str(out / arm), seed=seed, progress=not args.quiet)
     if arm == "trajectory":

@@ -46,6 +46,7 @@ def worker(args: argparse.Namespace) -> None:
     spread = fb.Distributed(strategy=args.strategy) if args.strategy else None
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
         out_dir=args.out, device=args.device, minibatch_size=len(samples), microbatch_size=args.microbatch,
+        lr=1e-4, warmup_steps=0, kl_beta=0.0,  # the settings its figures were measured with
         max_seq_len=4096, progress=False, bf16=False if args.device == "cpu" else None,
         distributed=spread), model=args.model)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)

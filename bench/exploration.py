@@ -117,7 +117,8 @@ def main() -> None:
             list(pool.map(lambda t: run(expert, t, demos, 0.0), single))
         trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(run_name="explore", out_dir=str(out), seed=args.seed,
                                                        progress=False, max_seq_len=768, merge_steps=True,
-                                                       microbatch_size=8), recorder=fb.Recorder(store))
+                                                       microbatch_size=8, lr=1e-4, minibatch_size=8, warmup_steps=0,
+                                                       kl_beta=0.0), recorder=fb.Recorder(store))
         recorded = sorted(store.trajectories(run_id="demonstrations", status="complete"), key=lambda t: t.task_id)
         recorded = [dataclasses.replace(t, transitions=[s for s in t.transitions if s.action.tool_calls])
                     if t.task_id.rsplit("-", 1)[0] in args.calls_only else t for t in recorded]

@@ -104,7 +104,8 @@ def update_throughput(model_dir: Path, device: str, samples, steps: int, microba
     _, tokenizer = models.load(str(model_dir))
     policy = ScriptedPolicy(lambda m, t: "", tokenizer)  # the update needs no rollouts
     config = GRPOConfig(out_dir=str(out), device=device, minibatch_size=len(samples),
-                        microbatch_size=microbatch, max_seq_len=4096, progress=False)
+                        microbatch_size=microbatch, max_seq_len=4096, progress=False, lr=1e-4, warmup_steps=0,
+                        kl_beta=0.0)
     trainer = GRPOTrainer(policy, config, model=str(model_dir))
     where = {p.device.type for p in trainer.model.parameters()}
     assert where == {torch.device(device).type}, f"parameters on {where}, expected {device}"
@@ -157,7 +158,8 @@ def learning_run(device: str, iterations: int, out: Path) -> dict:
         return 1.0 if calls and calls[0].name == "add" else 0.0
 
     config = GRPOConfig(out_dir=str(out / "run"), device=device, group_size=16, lr=3e-3,
-                        minibatch_size=16, progress=False, lora_rank=8, lora_alpha=16)
+                        minibatch_size=16, progress=False, lora_rank=8, lora_alpha=16, microbatch_size=None,
+                        warmup_steps=0, kl_beta=0.0)
     trainer = GRPOTrainer(policy, config, model=str(path))
     history = trainer.train(rollout, [{"id": "add"}], iterations=iterations)
     kind = torch.device(device).type

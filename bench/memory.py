@@ -63,6 +63,7 @@ def one(microbatch: int, seq: int, variant: str, model: str = MODEL) -> dict:
     policy = fb.ScriptedPolicy(lambda messages, tools: "", models.load_tokenizer(model))
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(minibatch_size=microbatch, microbatch_size=microbatch,
                                                    max_seq_len=seq, out_dir=tempfile.mkdtemp(), progress=False,
+                                                   lr=1e-4, warmup_steps=0, kl_beta=0.0,
                                                    gradient_checkpointing=variant == "checkpointed"), model=model)
     g = torch.Generator().manual_seed(0)
     trained = seq // 4

@@ -99,7 +99,8 @@ def learn(policy: fb.Policy, store: fb.TrajectoryStore, arm: str, seed: int, out
     """One trainer per arm, a `train_offline` per block; returns the last adapter's path (None: no job had
     anything to learn from) and what the jobs said."""
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(out_dir=str(out / arm), run_name=f"s{seed}-{arm}", lr=3e-3,
-                                                   lora_rank=8, lora_alpha=16, progress=False, seed=seed))
+                                                   lora_rank=8, lora_alpha=16, progress=False, seed=seed,
+                                                   minibatch_size=8, microbatch_size=None, warmup_steps=0, kl_beta=0.0))
     path, jobs = None, {"trained_on": 0, "missing_reward": 0, "skipped_blocks": 0}
     try:
         for block in range(args.blocks):

@@ -45,7 +45,7 @@ def run(out: Path) -> None:
         rollout = training_task.make_rollout(training_task.agent_for(policy))
         common = dict(group_size=4, lr=1e-3, epochs=2, minibatch_size=4, lora_rank=8, lora_alpha=16,
                       out_dir=str(work / algo), run_name=algo, progress=False, seed=0, concurrency=1,
-                      kl_beta=0.1, max_memory_gb=8.0)
+                      kl_beta=0.1, max_memory_gb=8.0, microbatch_size=None, warmup_steps=0)
         trainer = (fb.GRPOTrainer(policy, fb.GRPOConfig(**common)) if algo == "grpo"
                    else fb.PPOTrainer(policy, fb.PPOConfig(**common)))
         history = trainer.train(rollout, training_task.TASKS, iterations=2)

@@ -61,7 +61,8 @@ def ours(model_name: str, pairs, advantages, old, minibatch: int, autocast) -> f
 
     tokenizer = models.load(model_name)[1]
     policy = ScriptedPolicy(lambda m, t: "", tokenizer)
-    trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(lr=1e-4, minibatch_size=minibatch, epochs=1,
+    trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(lr=1e-4, minibatch_size=minibatch, epochs=1, microbatch_size=None,
+                                                   warmup_steps=0, kl_beta=0.0,
                                                    out_dir=tempfile.mkdtemp(), progress=False,
                                                    bf16=autocast), model=model_name)
     samples = [Sample(input_ids=p + c, loss_mask=[0] * len(p) + [1] * len(c),

@@ -6,7 +6,7 @@ extends the previous prompt + completion exactly (the tokens in between, tool re
 trained on). Token p of a sample carries the behaviour logprob and its advantage (the step's, or
 its own from the token-signal stage, `advantages.all_token_advantages`), and the sample the
 temperature its tokens were sampled at (the trainer scores them at that temperature). A sequence
-over the length limit keeps its first `max_len` tokens and is flagged; one whose completion would
+over the length limit is cut to its first `max_len` tokens and flagged; one whose completion would
 be cut away entirely is left out and counted, never dropped silently.
 """
 
@@ -37,7 +37,8 @@ class Sample:
     steps: list[tuple[str, int]] = field(default_factory=list)
     spans: list[tuple[int, int]] = field(default_factory=list)
     """Per step in this sample: where its completion lies in `input_ids` ([start, end))."""
-    truncated: bool = False
+    cut: bool = False
+    """Longer than `max_seq_len`: its first tokens kept (a sequence cut, not an episode's truncation)."""
     temperature: float = 1.0
     """The sampling temperature of its completions (1 where unknown or greedy)."""
     trainer_logprobs: list[float] | None = None
@@ -55,11 +56,15 @@ def scoring_temperature(temperature: float | None) -> float:
 
 @dataclass
 class BatchStats:
+    """What building an iteration's samples did (logged as `batch_<field>`)."""
+
     samples: int = 0
     trained_tokens: int = 0
     merged_steps: int = 0
-    truncated: int = 0
+    cut: int = 0
+    """Samples longer than `max_seq_len`, kept cut to it."""
     too_long: int = 0
+    """Samples whose completion the cut left nothing of: left out, and counted here."""
     untrainable_steps: int = 0
 
 
@@ -74,11 +79,11 @@ def cut_to(sample: Sample, max_len: int, stats: BatchStats) -> bool:
     for name in ("input_ids", "loss_mask", "sampler_logprobs", "advantages"):
         setattr(sample, name, getattr(sample, name)[:max_len])
     sample.spans = [(min(a, max_len), min(b, max_len)) for a, b in sample.spans]
-    sample.truncated = True
+    sample.cut = True
     if sum(sample.loss_mask) == 0:
         stats.too_long += 1
         return False
-    stats.truncated += 1
+    stats.cut += 1
     return True
 
 

@@ -111,10 +111,10 @@ class TrainerConfig(metaclass=_Nested):
     """Longest training sequence; longer ones are truncated and counted."""
     merge_steps: bool = False
     """Merge consecutive calls whose prompt extends the previous sequence into one sample."""
-    skip_uniform_groups: bool = True
+    skip_uniform_groups: bool | None = None
     """GRPO with the group baseline: leave out groups whose every advantage is 0 and whose span
-    rewards do not differ (no signal against their own group; keep them when the KL term should
-    hold their prompts near the reference)."""
+    rewards do not differ (no signal against their own group). None: skip them only without a KL
+    term (`kl_beta` 0), where their loss is 0; with one, they hold their prompts near the reference."""
     distributed: Distributed | None = None
     """Spread the update over the processes torchrun or Ray Train started (None: this process alone)."""
 
@@ -128,8 +128,9 @@ class TrainerConfig(metaclass=_Nested):
         check(number(self.span_weight) and 0 <= self.span_weight < math.inf, "span_weight",
                "a finite number >= 0", self.span_weight)
         check(count(self.max_seq_len, 1), "max_seq_len", "an int >= 1", self.max_seq_len)
-        for name in ("skip_uniform_groups", "merge_steps"):
-            check(isinstance(getattr(self, name), bool), name, "a bool", getattr(self, name))
+        check(isinstance(self.merge_steps, bool), "merge_steps", "a bool", self.merge_steps)
+        check(self.skip_uniform_groups is None or isinstance(self.skip_uniform_groups, bool), "skip_uniform_groups",
+              "a bool or None", self.skip_uniform_groups)
 
     def __getattr__(self, name: str):
         """A flat name (`config.lr`) reads its part's field (`config.optimizer.lr`)."""
@@ -180,7 +181,7 @@ class Guidance:
     """'demonstrations' (the teacher's recorded ones of the same task) or 'teacher' (the teacher's
     rollouts of the task through the same agent, recorded like the student's)."""
     shaping: float = 0.1
-    """gamma of the guide tokens' weight f(pi) = pi / (pi + gamma), in place of the clipped ratio."""
+    """The constant c of the guide tokens' weight f(pi) = pi / (pi + c), in place of the clipped ratio."""
 
     def __post_init__(self) -> None:
         check(number(self.below) and 0 <= self.below <= 1, "below", "a success rate in [0, 1]", self.below)

@@ -153,7 +153,9 @@ class GRPOTrainer(Trainer):
                   or (self.config.span_weight > 0 and has_span_signal(sp))
                   for advs, sp in zip(advantages, spans)]
         # distillation's per-token reward is a signal of its own, in every group
-        skip = self.config.skip_uniform_groups and self.config.baseline == "group" and self.config.distill_beta == 0
+        skip = self.config.skip_uniform_groups
+        skip = self.config.loss.kl_beta == 0 if skip is None else skip
+        skip = skip and self.config.baseline == "group" and self.config.distill_beta == 0
         keep = signal if skip else [True] * len(groups)
         kept = [g for g, k in zip(groups, keep) if k]
         trajectories = [t for group in kept for t in group.trajectories]

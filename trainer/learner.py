@@ -5,7 +5,7 @@ update.
 The update is `epochs` passes of optimizer steps over an iteration's samples (`plan`). Each step
 is one minibatch, its gradient accumulated over microbatches (each weighted by its share of what
 the loss averages over, so the step equals one pass over the whole minibatch; a memory budget
-cuts them, `chunker`), its parameter groups clipped each on its own, and its learning rate warmed
+cuts them, `chunker`), its parameter sets (torch's param_groups) clipped each on its own, and its learning rate warmed
 up over the optimizer's first steps. The loss is the algorithm's (a `Loss`: GRPO's, PPO's or the
 warm start's objective): one step serves all three, alone or on a job of several processes
 (`ranks`). The learner holds no run state (the run folder and the publisher are parts of their
@@ -50,11 +50,11 @@ class Stepping:
     optimizer: torch.optim.Optimizer
     """The optimizer of the LoRA (and heads) being trained."""
     names: tuple[str, ...]
-    """Its parameter groups' names ('0': the LoRA), for the gradient norms' metric names."""
+    """Its parameter sets' names ('0': the LoRA), for the gradient norms' metric names."""
     base_lrs: tuple[float, ...]
-    """Each parameter group's learning rate after the warm-up."""
+    """Each parameter set's learning rate after the warm-up."""
     grad_clip: float
-    """Largest gradient norm of each parameter group."""
+    """Largest gradient norm of each parameter set."""
     warmup_steps: int
     """Optimizer steps over which the rates rise to `base_lrs` (0: none)."""
     microbatch_size: int | None
@@ -98,8 +98,8 @@ class Learner:
         """Modules trained beside the LoRA (PPO's value head), by name; shared by every slot."""
         self.head_lrs = {name: lr for name, (_, lr) in made.items()}
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
-        self.group_names: dict[str, list[str]] = {}
-        """Slot -> the names of its optimizer's parameter groups ('0': the LoRA, then the heads)."""
+        self.param_names: dict[str, list[str]] = {}
+        """Slot -> the names of its optimizer's parameter sets ('0': the LoRA, then the heads)."""
         self.base_lrs: dict[str, list[float]] = {}
         for slot in self.slots:
             self.remake_optimizer(slot)
@@ -113,12 +113,12 @@ class Learner:
     # ------------------------------------------------------------------ optimizers
     def remake_optimizer(self, slot: str) -> None:
         """A fresh optimizer for a slot's LoRA (one per LoRA: a role's updates never move another
-        role's adapter or state), with its parameter groups' names and rates."""
-        groups = [{"params": adapter_parameters(self.model, slot), "lr": self.config.optimizer.lr, "name": "0"}]
-        groups += [{"params": list(module.parameters()), "lr": self.head_lrs[name], "name": name}
+        role's adapter or state), with its parameter sets' names and rates."""
+        sets = [{"params": adapter_parameters(self.model, slot), "lr": self.config.optimizer.lr, "name": "0"}]
+        sets += [{"params": list(module.parameters()), "lr": self.head_lrs[name], "name": name}
                    for name, module in self.heads.items()]
-        self.group_names[slot] = [g.pop("name") for g in groups]
-        self.optimizers[slot] = torch.optim.AdamW(groups)
+        self.param_names[slot] = [g.pop("name") for g in sets]
+        self.optimizers[slot] = torch.optim.AdamW(sets)
         self.base_lrs[slot] = [g["lr"] for g in self.optimizers[slot].param_groups]
 
     @property
@@ -129,7 +129,7 @@ class Learner:
     def stepping(self) -> Stepping:
         """How the active slot's optimizer steps (`step`), from the config."""
         c = self.config.optimizer
-        return Stepping(self.optimizer, tuple(self.group_names[self.active_slot]),
+        return Stepping(self.optimizer, tuple(self.param_names[self.active_slot]),
                         tuple(self.base_lrs[self.active_slot]), c.grad_clip, c.warmup_steps,
                         c.microbatch_size, self.config.loss.aggregation)
 
@@ -216,7 +216,7 @@ class Learner:
     def step(self, minibatch: list[Sample], loss: Loss, stepping: Stepping) -> dict[str, float]:
         """One optimizer step on the minibatch: forward, objective and backward per microbatch (each
         weighted by its share of the minibatch; PPO's value loss, averaged over steps rather than
-        tokens, only approximately), then each parameter group clipped on its own, the warmed-up
+        tokens, only approximately), then each parameter set clipped on its own, the warmed-up
         rate, and the step. In a process group each rank runs its share of the microbatches, weighted
         by the world size too (torch averages the ranks' gradients), reduced on the last backward."""
         optimizer = stepping.optimizer
@@ -238,10 +238,10 @@ class Learner:
             for key, v in chunk_stats.items():
                 stats[key] = stats.get(key, 0.0) + (0.0 if k is None else chunks[k][1] * v)
         stats = self.ranks.reduce(stats, loads)
-        # each parameter group clipped on its own: a young value head's large gradient must not
-        # shrink the LoRA's step (the first group is the LoRA; its norm is `grad_norm`)
-        for n, (group, name) in enumerate(zip(optimizer.param_groups, stepping.names)):
-            norm = self.ranks.norm(torch.nn.utils.clip_grad_norm_(group["params"], stepping.grad_clip))
+        # each parameter set clipped on its own: a young value head's large gradient must not
+        # shrink the LoRA's step (the first set is the LoRA; its norm is `grad_norm`)
+        for n, (params, name) in enumerate(zip(optimizer.param_groups, stepping.names)):
+            norm = self.ranks.norm(torch.nn.utils.clip_grad_norm_(params["params"], stepping.grad_clip))
             stats["grad_norm" if n == 0 else f"grad_norm_{name}"] = norm
         stats["lr"] = warm_up(optimizer, stepping.base_lrs, stepping.warmup_steps)
         optimizer.step()
@@ -329,8 +329,8 @@ def microbatches(minibatch: Sequence[Sample], size: int | None, aggregation: str
     the sorted lengths into chunks first; `size` still caps each."""
     size = size or len(minibatch)
     by_length = sorted(minibatch, key=lambda s: len(s.input_ids))
-    groups = chunker([len(s.input_ids) for s in by_length]) if chunker else [list(range(len(by_length)))]
-    chunks = [[by_length[i] for i in group[k:k + size]] for group in groups for k in range(0, len(group), size)]
+    fits = chunker([len(s.input_ids) for s in by_length]) if chunker else [list(range(len(by_length)))]
+    chunks = [[by_length[i] for i in fit[k:k + size]] for fit in fits for k in range(0, len(fit), size)]
     if aggregation == "token":
         shares = [sum(sum(s.loss_mask) for s in c) for c in chunks]
     else:
@@ -340,14 +340,14 @@ def microbatches(minibatch: Sequence[Sample], size: int | None, aggregation: str
 
 
 def warm_up(optimizer: torch.optim.Optimizer, base_lrs: Sequence[float], warmup_steps: int) -> float:
-    """Scale the learning rates for the coming step; returns the first group's. Adam's first
+    """Scale the learning rates for the coming step; returns the first set's. Adam's first
     steps move every weight by the full rate whatever its gradient's size (m/sqrt(v) is a sign at
     step 1), so on a noisy first batch a fresh optimizer takes its largest steps."""
     first = optimizer.param_groups[0]["params"][0]
     done = int(optimizer.state.get(first, {}).get("step", 0))
     scale = min(1.0, (done + 1) / warmup_steps) if warmup_steps else 1.0
-    for group, base in zip(optimizer.param_groups, base_lrs):
-        group["lr"] = base * scale
+    for params, base in zip(optimizer.param_groups, base_lrs):
+        params["lr"] = base * scale
     return optimizer.param_groups[0]["lr"]
 
 

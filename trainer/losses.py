@@ -38,19 +38,19 @@ def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
     return -torch.minimum(unclipped, clipped), ratio, (clipped < unclipped).detach()
 
 
-def shaping_weight(logp: torch.Tensor, gamma: float) -> torch.Tensor:
-    """LUFFY's policy shaping of off-policy (guide) tokens: f(pi) = pi / (pi + gamma), pi =
-    exp(logp) under the current policy. Its gradient, gamma / (pi + gamma)^2 * grad pi, is the
-    plain likelihood's amplified up to 1/gamma on unlikely tokens (where grad pi = pi * grad log
+def shaping_weight(logp: torch.Tensor, shaping: float) -> torch.Tensor:
+    """LUFFY's policy shaping of off-policy (guide) tokens: f(pi) = pi / (pi + c), c = `shaping`, pi =
+    exp(logp) under the current policy. Its gradient, c / (pi + c)^2 * grad pi, is the
+    plain likelihood's amplified up to 1/c on unlikely tokens (where grad pi = pi * grad log
     pi would barely move them), yet bounded (log pi's 1/pi is not).  [B, T] -> [B, T]."""
     p = torch.exp(logp)
-    return p / (p + gamma)
+    return p / (p + shaping)
 
 
-def guide_policy_loss(logp: torch.Tensor, advantages: torch.Tensor, gamma: float) -> torch.Tensor:
+def guide_policy_loss(logp: torch.Tensor, advantages: torch.Tensor, shaping: float) -> torch.Tensor:
     """Per-token loss on guide tokens, whose sampler is not the policy (no ratio to clip):
     -f(pi) * A with f = `shaping_weight`.  [B, T] -> [B, T]."""
-    return -shaping_weight(logp, gamma) * advantages
+    return -shaping_weight(logp, shaping) * advantages
 
 
 def tis_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float) -> torch.Tensor:

@@ -79,16 +79,20 @@ class RolloutConfig:
 class OptimizerConfig:
     """The optimizer step: rate, batch, memory and device."""
 
-    lr: float = 1e-4
-    """AdamW learning rate for the LoRA (PPO's value head has its own, `value_lr`)."""
+    lr: float = 3e-4
+    """AdamW learning rate for the LoRA (PPO's value head has its own, `value_lr`); measured on the
+    demo and the template (docs/experiments/demo.md, docs/own-agent.md)."""
     epochs: int = 1
     """Passes over each iteration's samples."""
-    minibatch_size: int = 8
-    """Sequences per optimiser step (more than an iteration's samples: one step on all of them)."""
-    microbatch_size: int | None = None
+    minibatch_size: int = 64
+    """Sequences per optimiser step. More than an iteration's samples: one step on all of them, so
+    opposite pushes of two kinds of task on a decision they share cancel instead of taking turns
+    (measured on the demo: docs/experiments/demo.md)."""
+    microbatch_size: int | None = 8
     """Sequences per forward/backward pass, accumulated into the step (None: the whole minibatch)."""
-    warmup_steps: int = 0
-    """Optimizer steps over which the learning rate rises linearly to `lr` (0: none)."""
+    warmup_steps: int = 2
+    """Optimizer steps over which the learning rate rises linearly to `lr` (0: none): a fresh Adam's
+    first steps are its largest, whatever the gradient's size."""
     grad_clip: float = 1.0
     """Gradient-norm clip."""
     max_memory_gb: float | None = None
@@ -157,8 +161,9 @@ class LossConfig:
     tis_cap: float | None = 2.0
     """Truncated importance sampling: each token weighted by min(pi_old / pi_sampler, tis_cap), for
     the sampler (vLLM in bf16, a batched embedded policy) not matching the trainer (None: off)."""
-    kl_beta: float = 0.0
-    """Weight of the k3 KL to the reference (the base model, or what `freeze_reference` froze); 0 skips it."""
+    kl_beta: float = 0.1
+    """Weight of the k3 KL to the reference (the base model, or what `freeze_reference` froze after a
+    warm start: measured on the demo and the template); 0 skips it and its forward pass."""
     aggregation: str = "token"
     """'token' (every trained token weighs the same) or 'sequence' (each sequence the same)."""
 

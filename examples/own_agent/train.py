@@ -32,10 +32,9 @@ def main(argv: list[str] | None = None) -> dict:
     demo_tasks, tasks, held_out = splits(args.seed)
     policy = fb.LocalPolicy(args.model)
     rollout = make_rollout(policy)  # the one agent object: it serves every new adapter as it lands
-    trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
-        group_size=args.group_size, tasks_per_iteration=args.tasks_per_iteration, lr=3e-4, warmup_steps=2,
-        kl_beta=0.1, baseline="group", skip_uniform_groups=False, minibatch_size=64, microbatch_size=8,
-        max_seq_len=768, concurrency=16, run_name="own", out_dir=args.out, seed=args.seed))
+    trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(  # the recommended settings are the defaults
+        group_size=args.group_size, tasks_per_iteration=args.tasks_per_iteration, max_seq_len=768, concurrency=16,
+        run_name="own", out_dir=args.out, seed=args.seed))
     try:
         # 1. Demonstrations: each demo task's plan replayed through your agent, kept if your checker passes it.
         demos = fb.record_demonstrations(make_rollout, demo_tasks, trainer.tokenizer, trainer.recorder)

@@ -212,12 +212,8 @@ class DemoRun:
         t = self.phase(f"recording {len(shown)} demonstrations of {', '.join(config.demonstrate)} through the same "
                        "middleware (scripted expert)")
         self.demos = demos = self.demonstrate(shown, "demonstrations")
-        trainer = fb.GRPOTrainer(self.policy, fb.GRPOConfig(
-            gamma=config.gamma, group_size=config.group_size, lr=config.rl_lr,
-            warmup_steps=config.rl_warmup_steps, kl_beta=config.kl_beta,
-            minibatch_size=config.rl_minibatch, microbatch_size=8,
-            baseline=config.baseline, skip_uniform_groups=config.kl_beta == 0,
-            concurrency=config.concurrency,
+        trainer = fb.GRPOTrainer(self.policy, fb.GRPOConfig(  # the trainer's defaults, which the demo measured
+            group_size=config.group_size, baseline=config.baseline, concurrency=config.concurrency,
             run_name="demo", out_dir=str(self.out), seed=config.seed, progress=self.progress,
             max_seq_len=768, merge_steps=True, relabel_weight=config.relabel_weight, distill_beta=config.distill_beta,
             guidance=None if config.guide == "none" else fb.Guidance(k=config.guide_k, source=config.guide,
@@ -229,7 +225,7 @@ class DemoRun:
         warm = sft(trainer, demos, SFTConfig(epochs=config.sft_epochs, lr=config.sft_lr, batch_size=8))
         print(f"  SFT on {warm['sft_demonstrations']} episodes: loss {warm['sft_loss_first']:.3f} -> "
               f"{warm['sft_loss_last']:.3f}; published {warm['adapter']} to the live agent")
-        if config.kl_beta > 0:
+        if trainer.config.loss.kl_beta > 0:
             trainer.freeze_reference()  # GRPO's KL is to this warm start, not to the base model
         self.timings["demos + SFT"] = time.perf_counter() - t
         return trainer, warm
@@ -252,7 +248,7 @@ class DemoRun:
         if trainer.config.teacher_settings():
             trainer.use_teacher(self.teacher())
         t = self.phase(f"GRPO: {config.rl_iterations} iterations x {sum(config.rl_tasks_per_kind)} tasks x "
-                       f"{config.group_size} rollouts at T={config.temperature}, per-step gamma={config.gamma}")
+                       f"{config.group_size} rollouts at T={config.temperature}, per-step gamma={trainer.config.gamma}")
 
         def rollout(task: Task) -> float:
             return 1.0 if attempt(self.agent, task, config.max_model_calls) else 0.0

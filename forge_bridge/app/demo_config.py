@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from forge_bridge.app.tasks import BRIDGE_KINDS, KINDS_ORDER, MULTI_STEP_KINDS
 from forge_bridge.core.errors import InvalidArgument
 
-_MAY_BE_ZERO = ("seed", "sft_epochs", "rl_iterations", "rl_warmup_steps")
+_MAY_BE_ZERO = ("seed", "sft_epochs", "rl_iterations")
 
 
 @dataclass(frozen=True)
@@ -44,30 +44,16 @@ class DemoConfig:
     after a lookup (answer 1, multiply 2) are each taught both ways in every update."""
     group_size: int = 8
     """Rollouts per task (GRPO group)."""
-    rl_lr: float = 3e-4
-    """GRPO learning rate."""
-    rl_minibatch: int = 64
-    """Rollout samples per GRPO optimizer step: more than an iteration has, so one step on all of
-    them, and opposite pushes of two kinds on a decision they share cancel instead of taking
-    turns (docs/experiments/demo.md)."""
-    rl_warmup_steps: int = 2
-    """Optimizer steps over which the GRPO learning rate rises to `rl_lr` (a fresh Adam's first
-    steps are its largest, whatever the gradient's size)."""
     baseline: str = "batch"
     """GRPO's baseline: 'batch' (every rollout of the iteration, so a kind whose rollouts all
     failed, or all passed, still has a signal) or 'group' (the task's own rollouts: then such a
     kind was silent and the others pulled the shared decisions their way until it was lost)."""
-    kl_beta: float = 0.1
-    """Weight of the KL to the SFT warm start (not the base model, which cannot call tools);
-    0: none."""
     temperature: float = 0.7
     """Sampling temperature of the rollouts (evaluation is greedy)."""
     max_tokens: int = 48
     """Completion limit per model call (the longest expert call is under 40 tokens)."""
     max_model_calls: int = 4
     """Step limit of one episode: a longer tool loop is cut and recorded as truncated."""
-    gamma: float = 0.95
-    """Per-step discount."""
     concurrency: int = 20
     """Agents run at once (their model calls are batched together: 40 rollouts in two waves)."""
     guide: str = "teacher"
@@ -76,7 +62,7 @@ class DemoConfig:
     guide_k: int = 2
     """Guide trajectories per guided group (the scripted expert's are all alike)."""
     guide_shaping: float = 0.01
-    """gamma of the guide tokens' weight pi / (pi + gamma) (`Guidance.shaping`; picked on validation)."""
+    """The constant c of the guide tokens' weight pi / (pi + c) (`Guidance.shaping`; picked on validation)."""
     relabel_weight: float = 0.0
     """DAgger: imitate the teacher (the teacher adapter with `distill_beta`, else the scripted expert)
     at the states of failed rollouts, with this weight (0: off)."""
@@ -123,5 +109,3 @@ class DemoConfig:
                                   "sft_epochs=0 set distill_beta=0")
         if self.baseline not in ("group", "batch"):
             raise InvalidArgument(f"DemoConfig.baseline: expected 'group' or 'batch', got {self.baseline!r}")
-        if self.gamma > 1:
-            raise InvalidArgument(f"DemoConfig.gamma: expected a number in [0, 1], got {self.gamma!r}")

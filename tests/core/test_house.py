@@ -86,3 +86,39 @@ def test_no_sql_outside_the_store():
 def test_the_sql_check_catches_what_it_is_for():
     assert _SQL.search("SELECT id FROM trajectories") and _SQL.search("INSERT OR REPLACE INTO credit")
     assert not _SQL.search("select the best adapter") and not _SQL.search("update the policy")
+
+
+RETIRED = {
+    r"\bgamma\b": ({"trainer/losses.py", "trainer/teacher.py"}, "the discount only; LUFFY's constant is `shaping`"),
+    r"(stats|sample)\.truncated\b|batch_truncated": ({"trainer/batch.py", "trainer/grpo.py", "trainer/ppo.py"},
+                                                     "a sequence over max_seq_len is `cut`; truncated is an episode's"),
+    r"^def success_rate\(|>= *(config\.)?(rollout\.)?success_threshold\b|>= *config\.threshold\b": (
+        {str(p.relative_to(ROOT)) for p in SOURCE} - {"forge_bridge/core/types.py"},
+        "one definition of success: core.types.succeeded / success_rate"),
+    r"(?<!process )(?<!param_)\bgroups?\b": ({"trainer/learner.py"},
+                                                      "a group is a task's rollouts; torch's param_groups are parameter sets"),
+    r"\.std\(": ({str(p.relative_to(ROOT)) for p in SOURCE if p.parent.name == "trainer"} - {"trainer/advantages.py"},
+                 "one standardisation: advantages.standardise"),
+}
+"""Senses of a word retired for one meaning per word (docs/architecture.md's glossary): pattern ->
+(files it may no longer appear in, what to say instead)."""
+
+
+def test_retired_senses_stay_retired():
+    found = []
+    for pattern, (files, instead) in RETIRED.items():
+        for name in sorted(files):
+            for n, line in enumerate((ROOT / name).read_text().splitlines(), 1):
+                if re.search(pattern, line.split("#")[0]):
+                    found.append(f"{name}:{n}: {line.strip()}  ({instead})")
+    assert not found, "\n".join(found)
+
+
+def test_the_retired_senses_check_catches_the_old_forms():
+    old = ["return p / (p + gamma)", "stats.truncated += 1", "sample.truncated = True",
+           "def success_rate(group, success_threshold):", "sum((t.reward or 0.0) >= success_threshold for t in own)",
+           "good = [t for t, r in scored if r >= config.threshold]", "if flat.std() > 1e-6:",
+           "for group, base in zip(optimizer.param_groups, base_lrs):"]
+    for line in old:
+        assert any(re.search(pattern, line) for pattern in RETIRED), line
+    assert not any(re.search(p, "config.gamma  # the discount") for p in list(RETIRED)[1:])

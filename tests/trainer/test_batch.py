@@ -42,8 +42,8 @@ def test_too_long_sequences_are_truncated_or_counted_never_silently_dropped():
     traj = Trajectory(transitions=[step([1] * 6, [2, 3, 4]), step([1] * 10, [5])])
     samples, stats = build_samples([traj], [torch.tensor([1.0, 1.0])], max_len=8)
     (kept,) = samples
-    assert kept.input_ids == [1] * 6 + [2, 3] and kept.truncated and kept.loss_mask[-2:] == [1, 1]
-    assert stats.truncated == 1 and stats.too_long == 1
+    assert kept.input_ids == [1] * 6 + [2, 3] and kept.cut and kept.loss_mask[-2:] == [1, 1]
+    assert stats.cut == 1 and stats.too_long == 1
 
 
 def test_steps_without_tokens_are_left_out_and_counted():
@@ -91,7 +91,7 @@ def test_span_rewards_reach_their_tokens_through_merging_and_the_length_cut():
     # prompt 1 2 | 3 4 (step 0: 1.0) | 7 (tool result) | 8 (0.5 + 1.0) 9 10 (0.5 - 0.5)
     assert sample.advantages == [0, 0, 1.0, 1.0, 0, 1.5, 0.0, 0.0]
     (cut,), stats = build_samples([traj], tokens, 7, merge=True)
-    assert cut.advantages == [0, 0, 1.0, 1.0, 0, 1.5, 0.0] and stats.truncated == 1
+    assert cut.advantages == [0, 0, 1.0, 1.0, 0, 1.5, 0.0] and stats.cut == 1
     (plain,), _ = build_samples([traj], [torch.tensor([1.0, 0.5])], 64, merge=True)  # a value per step
     assert plain.advantages == [0, 0, 1.0, 1.0, 0, 0.5, 0.5, 0.5]
     # distillation's per-token rewards enter in the same stage, where given (None: a step unscored)

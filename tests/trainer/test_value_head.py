@@ -56,7 +56,7 @@ def test_a_checkpoint_whose_head_read_another_input_is_refused_on_resume(tmp_pat
     try:
         config = fb.PPOConfig(out_dir=str(tmp_path / "run"), progress=False)
         trainer = fb.PPOTrainer(policy, config)
-        assert trainer.learner.group_names["default"] == ["0", "value_head"]
+        assert trainer.learner.param_names["default"] == ["0", "value_head"]
         trainer.run.iteration = 1
         path = trainer.save_checkpoint()
         fb.PPOTrainer(policy, config).resume()  # its own checkpoint: fine
