@@ -51,9 +51,9 @@ class Alone:
         """The device this process trains on: the one resolved."""
         return resolved
 
-    def microbatch_size(self, count: int) -> int | None:
-        """The microbatch size when the config gives none: the whole minibatch."""
-        return None
+    def microbatch_size(self, count: int, given: int | None) -> int | None:
+        """The microbatch size: the config's (None: the whole minibatch)."""
+        return given
 
     def share(self, chunks: Chunks) -> tuple[list[tuple[int | None, list["Sample"]]], list[int]]:
         """The (index, chunk) pairs this process runs: all of them (and no loads to compare)."""
@@ -145,9 +145,11 @@ class Ranks:
         return out
 
     # ------------------------------------------------------------------ one optimizer step
-    def microbatch_size(self, count: int) -> int | None:
-        """The microbatch size when the config gives none: a rank's even share of the minibatch."""
-        return -(-count // self.size)
+    def microbatch_size(self, count: int, given: int | None) -> int | None:
+        """The microbatch size: the config's, at most a rank's even share of the minibatch, so that
+        every rank has a microbatch to run."""
+        share = -(-count // self.size)
+        return share if given is None else min(given, share)
 
     def share(self, chunks: Chunks) -> tuple[list[tuple[int | None, list["Sample"]]], list[int]]:
         """This rank's (index, chunk) pairs, its share by tokens (`assign`), padded with index None

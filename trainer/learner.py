@@ -221,7 +221,7 @@ class Learner:
         by the world size too (torch averages the ranks' gradients), reduced on the last backward."""
         optimizer = stepping.optimizer
         optimizer.zero_grad(set_to_none=True)
-        size = stepping.microbatch_size or self.ranks.microbatch_size(len(minibatch))
+        size = self.ranks.microbatch_size(len(minibatch), stepping.microbatch_size)
         chunks = microbatches(minibatch, size, stepping.aggregation, self.chunker)
         runs, loads = self.ranks.share(chunks)
         stats: dict[str, float] = {}

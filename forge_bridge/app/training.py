@@ -13,8 +13,8 @@ from pathlib import Path
 from forge_bridge.app.config_flags import config_kwargs
 from forge_bridge.core.errors import InvalidArgument
 
-TRAIN_FLAGS = ("group_size", "tasks_per_iteration", "concurrency", "gamma", "lr", "epochs",
-               "minibatch_size", "kl_beta", "lora_rank", "device", "gradient_checkpointing",
+TRAIN_FLAGS = ("group_size", "tasks_per_iteration", "concurrency", "gamma", "lr", "epochs", "minibatch_size",
+               "microbatch_size", "max_memory_gb", "kl_beta", "lora_rank", "device", "gradient_checkpointing",
                "run_name", "out_dir", "seed")
 """TrainerConfig fields the `train` and `sft` commands take as flags."""
 

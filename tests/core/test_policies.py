@@ -302,6 +302,18 @@ def test_vllm_policy_with_no_server_is_a_clear_error():
     policy.close()
 
 
+def running(server) -> bool:
+    """Whether the vLLM server is decoding a request now (its Prometheus count)."""
+    import re
+
+    import httpx
+
+    text = httpx.get(server.base_url.removesuffix("/v1") + "/metrics", timeout=5).text
+    counts = re.findall(r"^vllm:num_requests_running\{[^}]*\} ([0-9.]+)$", text, flags=re.M)
+    assert counts, "vLLM's /metrics has no num_requests_running"
+    return float(counts[0]) > 0
+
+
 def test_killing_the_vllm_server_mid_call_is_a_clear_error_not_a_hang(taught_model_dir, tmp_path):
     from forge_bridge.core.errors import PolicyUnavailable
     from forge_bridge.policies.vllm_server import VLLMServer
@@ -321,7 +333,9 @@ def test_killing_the_vllm_server_mid_call_is_a_clear_error_not_a_hang(taught_mod
 
         t = threading.Thread(target=long_call)
         t.start()
-        time.sleep(0.3)
+        deadline = time.monotonic() + 30  # until the server is decoding it (its own count), not a guessed delay
+        while not running(server) and t.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
         t0 = time.monotonic()
         server.kill()
         t.join(timeout=60)

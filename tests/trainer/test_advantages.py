@@ -217,7 +217,7 @@ def test_a_group_with_equal_rewards_is_still_trained_when_its_span_rewards_diffe
     samples, _, info = trainer.prepare(groups)
     assert info["groups_trained"] == 1
     assert [s.advantages[2:] for s in samples] == [[0.5, 0.5, 0.0], [-0.5, -0.5, 0.0]]
-    trainer.config = GRPOConfig(span_weight=0.0)
+    trainer.config = GRPOConfig(span_weight=0.0, kl_beta=0.0)  # no KL term to keep a silent group for
     samples, _, info = trainer.prepare(groups)
     assert info["groups_trained"] == 0 and samples == []
     # centred per key within the group: +-1 around a mean of 0, the same here
@@ -229,7 +229,7 @@ def test_a_group_with_equal_rewards_is_still_trained_when_its_span_rewards_diffe
     # span rewards alike (every rollout right): nothing to tell apart, the group is left out
     wrong.transitions[0].info["span_rewards"] = [[0, 2, 1.0, "x"], [2, 3, 1.0, "close"]]
     for baseline in ("none", "group"):
-        trainer.config = GRPOConfig(span_weight=0.5, span_baseline=baseline)
+        trainer.config = GRPOConfig(span_weight=0.5, span_baseline=baseline, kl_beta=0.0)
         samples, _, info = trainer.prepare(groups)
         assert info["groups_trained"] == 0 and samples == []
     with pytest.raises(ValueError, match="span_baseline: expected 'none' or 'group'"):

@@ -80,7 +80,7 @@ def test_the_command_line_flags_read_their_help_from_the_parts():
     parser = argparse.ArgumentParser()
     add_config_flags(parser, fb.GRPOConfig, ["lr", "lora_rank", "gamma", "gradient_checkpointing"])
     text = parser.format_help()
-    assert "AdamW learning rate" in text and "(default: 0.0001)" in text and "LoRA rank. (default: 16)" in text
+    assert "AdamW learning rate" in text and "(default: 0.0003)" in text and "LoRA rank. (default: 16)" in text
     args = parser.parse_args(["--lr", "0.001", "--lora-rank", "4", "--gradient-checkpointing"])
     config = fb.GRPOConfig(**config_kwargs(args, ["lr", "lora_rank", "gamma", "gradient_checkpointing"]))
     assert (config.optimizer.lr, config.lora.rank, config.optimizer.gradient_checkpointing) == (1e-3, 4, True)

@@ -123,7 +123,7 @@ def test_the_whole_objective_by_hand():
 def test_the_objective_without_a_kl_term_logs_the_kl_to_the_sampler_and_needs_no_reference():
     old = torch.log(torch.tensor([[0.5, 0.5]]))
     sampler = torch.log(torch.tensor([[0.25, 0.5]]))
-    config = LossConfig(tis_cap=None)
+    config = LossConfig(tis_cap=None, kl_beta=0.0)
     loss, stats = policy_objective(old, old, sampler, torch.ones(1, 2), torch.ones(1, 2), None, config)
     assert loss.item() == pytest.approx(-1.0) and "tis_weight_mean" not in stats
     # k3(pi, sampler) with d = ln 0.5 on token 0, 0 on token 1

@@ -87,10 +87,10 @@ def test_the_learning_rate_warms_up_over_the_first_steps_and_resumes_where_it_wa
         fb.GRPOConfig(warmup_steps=-1)
 
 
-@pytest.mark.parametrize("skip", [True, False])
-def test_groups_without_reward_signal_are_kept_for_the_kl_when_asked(tiny_policy, tmp_path, skip):
+@pytest.mark.parametrize("skip, kl_beta", [(True, 0.1), (False, 0.1), (None, 0.1), (None, 0.0)])
+def test_groups_without_reward_signal_are_kept_for_the_kl_when_asked(tiny_policy, tmp_path, skip, kl_beta):
     trainer = fb.GRPOTrainer(tiny_policy, fb.GRPOConfig(
-        group_size=2, kl_beta=0.1, skip_uniform_groups=skip, out_dir=str(tmp_path / "run"),
+        group_size=2, kl_beta=kl_beta, skip_uniform_groups=skip, out_dir=str(tmp_path / "run"),
         progress=False, concurrency=1))
 
     def rollout(task) -> float:
@@ -101,7 +101,7 @@ def test_groups_without_reward_signal_are_kept_for_the_kl_when_asked(tiny_policy
     (metrics,) = trainer.train(rollout, [{"id": "same"}], iterations=1)
     # counted honestly either way: no group had signal, though the KL trains on it when kept
     assert metrics["groups_trained"] == 0 and metrics["groups_uniform"] == 1 and metrics["zero_signal_share"] == 1.0
-    if skip:
+    if skip or (skip is None and kl_beta == 0):  # the default: kept only for a KL term to train on
         assert metrics["batch_samples"] == 0
     else:
         assert metrics["batch_samples"] == 2
