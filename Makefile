@@ -30,6 +30,7 @@ demo: $(STAMP)
 
 test: system $(STAMP) $(VLLM_STAMP) core models
 	$(VENV)/bin/ruff check .
+	MYPY=$(VENV)/bin/mypy PYTHON=$(PY) .ci/typecheck
 	$(PY) -m pytest -q
 	@# from its own folder: the checkout's forge_bridge/ must not shadow the installed core
 	cd tests/core_only && ../../$(CORE_VENV)/bin/python -m pytest -q -p no:cacheprovider .
@@ -90,4 +91,4 @@ $(VLLM_STAMP): constraints-vllm.txt
 	@echo "$(VLLM_VENV) ready"
 
 clean:
-	rm -rf $(VENV) $(CORE_VENV) $(VLLM_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(CORE_VENV) $(VLLM_VENV) runs .pytest_cache .mypy_cache

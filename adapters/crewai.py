@@ -19,7 +19,7 @@ import json
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 # Offline by default: CrewAI reads these when it starts, so they are set before it is imported,
 # and only where the user has not chosen otherwise.
@@ -93,7 +93,8 @@ class ForgeLLM(BaseLLM):
             raise WrongType(f"ForgeLLM(policy): expected a forge_bridge Policy (LocalPolicy, "
                             f"VLLMPolicy), got {type(policy).__name__}")
         kwargs.setdefault("model", "forge")  # never contains "o1", which flips CrewAI to ReAct
-        super().__init__(policy=policy, role_slot=role_slot, **kwargs)
+        # pydantic's __init__ takes this model's own fields, which mypy types as BaseLLM's only
+        super().__init__(policy=policy, role_slot=role_slot, **kwargs)  # type: ignore[call-arg]
         self.limits  # validate the limits now, not at the first call
         if role_slot:  # the trainer of this policy trains each role in the slot that serves it
             policy.declare_role_slots(role_slot)
@@ -139,7 +140,7 @@ class ForgeLLM(BaseLLM):
             episode.attach_tool_results(msgs)
             if forced:  # CrewAI's max_iter cut the task: this call is its forced last word
                 episode.truncate("CrewAI's max_iter")
-        slot = (self.role_slot or {}).get(role, DEFAULT_SLOT)
+        slot = (self.role_slot or {}).get(role, DEFAULT_SLOT) if role is not None else DEFAULT_SLOT
         sampling = {k: v for k, v in (("temperature", self.temperature), ("top_p", self.top_p),
                                       ("max_tokens", self.max_tokens), ("seed", self.seed))
                     if v is not None}
@@ -259,7 +260,9 @@ class CrewAIUpstream(Upstream):
         elif not isinstance(reply, str):
             raise PolicyResponseError(f"the crew's own model ({self.llm.model}) answered a "
                                       f"{type(reply).__name__}, not text or tool calls")
-        return self.recorded(messages, tools, "" if calls else reply, calls, "tool_calls" if calls else "stop",
+        # reply is text here, or an empty list of calls (not text: recorded fails on it, as it always did)
+        return self.recorded(messages, tools, "" if calls else cast(str, reply), calls,
+                             "tool_calls" if calls else "stop",
                              adapter, {"upstream": self.llm.model, "upstream_latency_s": time.perf_counter() - t0})
 
 

@@ -13,7 +13,7 @@ same compiled agent serves the second one; the agent is never rebuilt.
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, AsyncIterator, Callable, Iterator, Sequence, cast
 
 from forge_bridge.core.extras import require
 
@@ -28,6 +28,7 @@ from langchain_core.messages import (
     AIMessageChunk,
     BaseMessage,
     ToolMessage,
+    UsageMetadata,
     convert_to_openai_messages,
 )
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
@@ -77,7 +78,8 @@ def to_openai_messages(messages: Sequence[BaseMessage]) -> list[dict]:
 
 
 def to_ai_message(out: PolicyOutput, chunk: bool = False) -> AIMessage | AIMessageChunk:
-    tool_calls, invalid = [], []
+    tool_calls: list[dict[str, Any]] = []
+    invalid: list[dict[str, Any]] = []
     for tc in out.action.tool_calls:
         try:
             args = json.loads(tc.arguments) if tc.arguments.strip() else {}
@@ -93,9 +95,9 @@ def to_ai_message(out: PolicyOutput, chunk: bool = False) -> AIMessage | AIMessa
     metadata = {"finish_reason": out.finish_reason, "model_name": out.adapter or "base",
                 "adapter": out.adapter, "prompt_token_ids": out.prompt_token_ids,
                 "token_ids": out.completion_token_ids, "logprobs": out.completion_logprobs}
-    usage = {"input_tokens": len(out.prompt_token_ids),
-             "output_tokens": len(out.completion_token_ids),
-             "total_tokens": len(out.prompt_token_ids) + len(out.completion_token_ids)}
+    usage: UsageMetadata = {"input_tokens": len(out.prompt_token_ids),
+                            "output_tokens": len(out.completion_token_ids),
+                            "total_tokens": len(out.prompt_token_ids) + len(out.completion_token_ids)}
     if chunk:
         return AIMessageChunk(
             content=out.text, response_metadata=metadata, usage_metadata=usage,
@@ -201,7 +203,7 @@ class ForgeChatModel(BaseChatModel):
                 run_manager: CallbackManagerForLLMRun | None = None,
                 **kwargs: Any) -> Iterator[ChatGenerationChunk]:
         out = self._call(messages, stop, kwargs)
-        chunk = ChatGenerationChunk(message=to_reply(out, chunk=True))
+        chunk = ChatGenerationChunk(message=cast(AIMessageChunk, to_reply(out, chunk=True)))
         if run_manager:
             run_manager.on_llm_new_token(chunk.text, chunk=chunk)
         yield chunk
@@ -210,7 +212,7 @@ class ForgeChatModel(BaseChatModel):
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
         out = await self._acall(messages, stop, kwargs)
-        chunk = ChatGenerationChunk(message=to_reply(out, chunk=True))
+        chunk = ChatGenerationChunk(message=cast(AIMessageChunk, to_reply(out, chunk=True)))
         if run_manager:
             await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
         yield chunk
@@ -298,6 +300,7 @@ class ForgeMiddleware(AgentMiddleware):
                                latency_s=outcome.latency_s, step_rewards=self.step_rewards,
                                args=call.get("args"))
             if not self.handle_tool_errors:
+                assert outcome.exception is not None  # a failed outcome keeps what it raised
                 raise outcome.exception
             return ToolMessage(content=f"Error: {outcome.error}", tool_call_id=call["id"],
                                name=call["name"], status="error")

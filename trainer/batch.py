@@ -98,7 +98,7 @@ def token_row(advantage, n_tokens: int) -> list[float]:
     return row
 
 
-def build_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence], max_len: int,
+def build_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence | torch.Tensor], max_len: int,
                   merge: bool = False, step_returns: Sequence[torch.Tensor] | None = None
                   ) -> tuple[list[Sample], BatchStats]:
     """trajectories[i] has S_i steps; `advantages[i][t]` is step t's advantage, one value for every

@@ -78,7 +78,7 @@ class _Nested(type):
         for part, kind in PARTS.items():
             if part not in parts or (part not in kwargs and part not in flat):
                 continue
-            given = kwargs.get(part, cls.__dataclass_fields__[part].default)
+            given = kwargs.get(part, parts[part].default)
             if isinstance(given, Mapping):
                 given = kind(**_tuples(given))
             if part in flat:

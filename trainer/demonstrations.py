@@ -22,7 +22,7 @@ from forge_bridge.core.recording import transition_of
 from forge_bridge.core.store import TrajectoryStore
 from forge_bridge.core.types import Trajectory, succeeded
 from forge_bridge.policies.base import Policy
-from forge_bridge.policies.scripted import ScriptedPolicy, Step
+from forge_bridge.policies.scripted import Script, ScriptedPolicy, Step
 from forge_bridge.trainer import rollouts
 
 DEMONSTRATIONS = "demonstrations"
@@ -58,7 +58,7 @@ def record_demonstrations(make_rollout: Callable[[Policy], rollouts.Rollout], ta
     if policy.problems:
         raise InvalidArgument(f"record_demonstrations: {policy.problems[0]} ({len(policy.problems)} scripted "
                               "replies refused; what was recorded is kept in the store, marked crashed)") from None
-    order = {tid: k for k, (tid, _) in enumerate(indexed)}
+    order: dict[str | None, int] = {tid: k for k, (tid, _) in enumerate(indexed)}
     recorded = sorted((t for g in groups for t in g.trajectories), key=lambda t: order.get(t.task_id, 0))
     return usable(recorded, success_threshold)
 
@@ -97,7 +97,7 @@ def import_demonstrations(path: str | Path, tokenizer: Any, recorder: Recorder, 
     for n, (messages, tools) in conversations:
         turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
         replies = [_step_of(messages[k], f"{path}:{n}") for k in turns]
-        policy = ScriptedPolicy(lambda m, t, r=iter(replies): next(r), tokenizer, tool_format)
+        policy = ScriptedPolicy(_replaying(replies), tokenizer, tool_format)
         with recorder.episode(f"{path.stem}-{n}", run_id=run_id, metadata={"source": f"{path.name}:{n}"},
                               behaviour="demonstration") as ep:
             for k in turns:
@@ -107,6 +107,12 @@ def import_demonstrations(path: str | Path, tokenizer: Any, recorder: Recorder, 
             ep.reward(1.0)
         out.append(ep.trajectory)
     return out
+
+
+def _replaying(steps: list[Step]) -> Script:
+    """A script answering each call with the next of `steps`."""
+    left = iter(steps)
+    return lambda messages, tools: next(left)
 
 
 def _conversation(line: str, where: str) -> tuple[list[dict], list[dict] | None]:

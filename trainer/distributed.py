@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime
 import os
 from contextlib import contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, cast
 
 import torch
 
@@ -158,7 +158,8 @@ class Ranks:
         sizes = [sum(len(s.input_ids) for s in c) for c, _ in chunks]
         shares = assign(sizes, self.size)
         mine, filler = shares[self.rank], min(range(len(chunks)), key=lambda i: sizes[i])
-        runs = [(i, chunks[i][0]) for i in mine] + [(None, chunks[filler][0])] * (max(map(len, shares)) - len(mine))
+        runs: list[tuple[int | None, list[Sample]]] = [(i, chunks[i][0]) for i in mine]
+        runs += [(None, chunks[filler][0])] * (max(map(len, shares)) - len(mine))
         return runs, [sum(sizes[i] for i in share) for share in shares]
 
     def reduce(self, stats: dict[str, float], loads: list[int]) -> dict[str, float]:
@@ -273,9 +274,9 @@ class Ranks:
         if self.config.offload and not str(learner.device).startswith("cuda"):
             raise Unsupported("Distributed(offload=True) keeps a GPU's parameters on the CPU: this update runs on "
                               f"{learner.device}")
-        options = {"offload_policy": CPUOffloadPolicy()} if self.config.offload else {}
+        options: dict[str, Any] = {"offload_policy": CPUOffloadPolicy()} if self.config.offload else {}
         before = {slot: optimizer.state_dict() for slot, optimizer in learner.optimizers.items()}
-        for layer in body.layers:
+        for layer in cast(torch.nn.ModuleList, body.layers):  # nn.Module types its submodules as Tensor | Module
             fully_shard(layer, **options)
         fully_shard(body, **options)  # embeddings and the final norm; a tied lm_head keeps its own full copy
         learner.sharded()

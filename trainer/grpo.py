@@ -209,13 +209,17 @@ class GRPOTrainer(Trainer):
         failed alike is where they matter most): the teacher's log-probabilities of their tokens
         (`step_teacher`, for distillation) and relabelled samples."""
         trajectories = [t for g in groups for t in g.trajectories]
-        samples, stats = [], {}
+        samples: list[Sample] = []
+        stats: dict = {}
         self.step_teacher = {}
+        teacher = self.teacher.policy if self.teacher is not None else None
         if self.config.distill_beta > 0:
-            self.step_teacher, failed = teaching.teacher_logprobs(self.teacher.policy, trajectories)
+            assert teacher is not None  # check_teacher refuses distill_beta without a teacher policy
+            self.step_teacher, failed = teaching.teacher_logprobs(teacher, trajectories)
             stats["distill_unscored_steps"] = failed
         if self.config.relabel_weight > 0:
-            acting = teaching.acting_policy(self.teacher.policy, self.tokenizer, getattr(self.policy, "tool_format", "auto"))
+            assert teacher is not None  # and relabel_weight too
+            acting = teaching.acting_policy(teacher, self.tokenizer, getattr(self.policy, "tool_format", "auto"))
             samples, relabelled = teaching.relabel_samples(acting, trajectories, self.config.rollout.success_threshold,
                                                           self.config.max_seq_len, self.config.rollout.concurrency)
             stats |= relabelled

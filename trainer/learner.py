@@ -114,7 +114,8 @@ class Learner:
     def remake_optimizer(self, slot: str) -> None:
         """A fresh optimizer for a slot's LoRA (one per LoRA: a role's updates never move another
         role's adapter or state), with its parameter sets' names and rates."""
-        sets = [{"params": adapter_parameters(self.model, slot), "lr": self.config.optimizer.lr, "name": "0"}]
+        sets: list[dict[str, Any]] = [{"params": adapter_parameters(self.model, slot), "lr": self.config.optimizer.lr,
+                                       "name": "0"}]
         sets += [{"params": list(module.parameters()), "lr": self.head_lrs[name], "name": name}
                    for name, module in self.heads.items()]
         self.param_names[slot] = [g.pop("name") for g in sets]
@@ -210,8 +211,8 @@ class Learner:
                     scored[k] = [logp[b, :len(s.input_ids)].tolist() for b, s in enumerate(chunk)]
         scored = {k: v for part in self.ranks.gather(scored) for k, v in part.items()}
         for k, chunk in enumerate(chunks):
-            for sample, logp in zip(chunk, scored[k]):
-                sample.trainer_logprobs = logp
+            for sample, row in zip(chunk, scored[k]):
+                sample.trainer_logprobs = row
 
     def step(self, minibatch: list[Sample], loss: Loss, stepping: Stepping) -> dict[str, float]:
         """One optimizer step on the minibatch: forward, objective and backward per microbatch (each

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 
@@ -326,7 +326,7 @@ class Trainer:
         self.ranks.leave(self.learner)
 
 
-def role_slots(configured: dict[str, str] | None, declared: dict[str, str]) -> dict[str, str]:
+def role_slots(configured: Mapping[str, str] | None, declared: dict[str, str]) -> dict[str, str]:
     """The role -> slot mapping a trainer trains by: the config's and the policy's declared one
     together; a role the two put in different slots is refused, naming both."""
     configured = configured or {}

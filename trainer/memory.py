@@ -20,9 +20,12 @@ import math
 import os
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from forge_bridge.core.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    import torch
 
 GiB = 2 ** 30
 LINEAR_BYTES = 120.0
@@ -116,7 +119,7 @@ def budget_chunker(model: Any, model_config: Any, config: Any, device: Any, eage
     return partial(chunk_by_budget, estimate=estimate, budget_gb=config.optimizer.max_memory_gb)
 
 
-def resident_gb(device: object = "cpu") -> float:
+def resident_gb(device: str | torch.device = "cpu") -> float:
     """What the process holds now: on a CUDA device the memory torch allocated there; else the
     resident set (Linux: /proc; elsewhere the peak so far)."""
     if str(device).startswith("cuda"):

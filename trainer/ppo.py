@@ -85,7 +85,7 @@ class PPOTrainer(Trainer):
     config: PPOConfig
     per_role_loras = False
 
-    def heads(self, hidden_size: int) -> dict[str, tuple[torch.nn.Module, float]]:  # type: ignore[override]
+    def heads(self, hidden_size: int) -> dict[str, tuple[torch.nn.Module, float]]:
         return {name: (module, self.config.value_lr) for name, (module, _) in value_head(hidden_size).items()}
 
     def run_iteration(self, rollout, tasks, it: int) -> dict:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from forge_bridge.core.episode import Recorder
 from forge_bridge.core.errors import InvalidArgument
@@ -132,7 +132,7 @@ def probe(rollout: rollouts.Rollout, tasks: Sequence[Any], *, recorder: Recorder
     counts: dict[str, list[int]] = {kind: [0, 0, 0, 0] for kind in dict.fromkeys(kinds.values())}
     for group in groups:
         rewards = [float(t.reward or 0.0) for t in group.trajectories]
-        c = counts[kinds[group.task_id]]
+        c = counts[kinds[cast(str, group.task_id)]]  # a probed task has an id
         c[0] += len(rewards)
         c[1] += sum(succeeded(r, success_threshold) for r in rewards)
         c[2] += 1

@@ -17,7 +17,7 @@ import math
 import random
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from forge_bridge.core.episode import Recorder, derive_seed
 from forge_bridge.core.errors import InvalidArgument
@@ -48,7 +48,8 @@ def check_reward(value: Any) -> float:
     return float(value)
 
 
-def tasks_for(it: int, tasks: list | TaskSchedule, per_iteration: int | None, seed: int) -> list[tuple[str, Any]]:
+def tasks_for(it: int, tasks: Sequence[Any] | TaskSchedule, per_iteration: int | None, seed: int
+              ) -> list[tuple[str, Any]]:
     """(task id, task) pairs of iteration `it`: the schedule's, or `per_iteration` drawn from the
     list (all of them when None), the same draw for the same seed and iteration."""
     if callable(tasks):
@@ -217,11 +218,11 @@ def read_back(recorder: Recorder, run_id: str, jobs: list[Job], opened: list[str
         group.trajectories.sort(key=lambda t: t.metadata.get("rollout", 0))
     if reasons:
         print(f"iteration {it + 1}: not training on {len(reasons)} episode(s) (e.g. {reasons[0]})")
-    rewards = [float(t.reward) for t in trained]
+    rewards = [float(cast(float, t.reward)) for t in trained]  # each one scored above (None: 0.0)
     by_kind: dict[str, list[float]] = {}
     for t in trained:
         if "kind" in t.metadata:
-            by_kind.setdefault(str(t.metadata["kind"]), []).append(float(t.reward))
+            by_kind.setdefault(str(t.metadata["kind"]), []).append(float(cast(float, t.reward)))
     mean = sum(rewards) / len(rewards) if rewards else 0.0
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else 0.0
     return groups, {

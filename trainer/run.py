@@ -44,7 +44,7 @@ class RunFolder:
     """One run's folder (a new run, or the one it holds), its store, its log and its checkpoints."""
 
     def __init__(self, config: TrainerConfig, source: str, algorithm: str, recorder: Recorder | None,
-                 tokenizer: object) -> None:
+                 tokenizer: Any) -> None:
         self.folder = Path(config.run.out_dir)
         self.config = config
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -146,6 +146,7 @@ class Publisher:
         """Save version `n` of every slot's LoRA atomically and make the live policy serve each
         from its slot (a version it already holds is not loaded twice); returns slot -> version.
         `weights`: the LoRA's full tensors by parameter name, when the model holds a shard only."""
+        assert self.policy is not None  # a follower rank (no policy) never publishes
         versions = {}
         for slot in self.slots:
             version = versions[slot] = self.version_name(n, slot)

@@ -143,7 +143,7 @@ class LoRAConfig:
         check(isinstance(self.targets, tuple) and all(isinstance(t, str) for t in self.targets)
                and len(self.targets) > 0, "lora_targets", "a non-empty tuple of module names", self.targets)
         if self.role_slots is not None:
-            check(isinstance(self.role_slots, Mapping) and self.role_slots and all(
+            check(isinstance(self.role_slots, Mapping) and bool(self.role_slots) and all(
                 isinstance(k, str) and k and isinstance(v, str) and _SLOT.match(v)
                 for k, v in self.role_slots.items()), "role_slots",
                 "a non-empty dict of role -> slot name (letters, digits, - and _)", self.role_slots)

@@ -54,7 +54,8 @@ def sft(trainer: "Trainer", demonstrations: Sequence[Trajectory], config: SFTCon
                               "fb.ScriptedPolicy in an episode) or import them: see docs/own-agent.md")
     if (rollout is None) != (held_out is None):
         raise InvalidArgument("sft: the held-out check needs both rollout= and held_out= (or neither)")
-    before = trainer.probe(rollout, held_out, name="check-base", greedy=True, kind_key=kind_key) if held_out else None
+    before = (trainer.probe(rollout, held_out, name="check-base", greedy=True, kind_key=kind_key)
+              if held_out and rollout is not None else None)  # the one is given with the other: checked above
     by_slot: dict[str, list[Trajectory]] = {}
     for t in trajs:
         by_slot.setdefault(trainer.slot_of_steps(t.role, [t]), []).append(t)
@@ -81,6 +82,7 @@ def sft(trainer: "Trainer", demonstrations: Sequence[Trajectory], config: SFTCon
         result["adapter"] = trainer.publish(WARM_START)
         trainer.save_checkpoint()  # iteration 0, the warm start's weights: a resumed run starts here
     if before is not None:
+        assert rollout is not None and held_out is not None  # before was probed with both
         after = trainer.probe(rollout, held_out, name="check-sft", greedy=True, kind_key=kind_key)
         result["held_out_base"] = {k: v.success_rate for k, v in before.kinds.items()}
         result["held_out_sft"] = {k: v.success_rate for k, v in after.kinds.items()}

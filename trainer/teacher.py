@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import torch
 
@@ -189,7 +189,7 @@ def teacher_guides(trainer: Any, needy: list[TrajectoryGroup], tasks: dict[str, 
     fails (the teacher timed out, its reply broke the agent) is recorded with how it failed and
     not used."""
     config, teacher = trainer.config, trainer.teacher
-    todo = [(tid, tasks[tid]) for tid in dict.fromkeys(g.task_id for g in needy)]
+    todo = [(tid, tasks[tid]) for tid in dict.fromkeys(cast(str, g.task_id) for g in needy)]  # tasks have ids
     if not todo:
         return {}
     acting = acting_policy(teacher.policy, trainer.tokenizer, getattr(trainer.policy, "tool_format", "auto"))

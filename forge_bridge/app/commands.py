@@ -8,6 +8,7 @@ import argparse
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from forge_bridge.app.config_flags import config_kwargs
 
@@ -15,6 +16,7 @@ DEMO_FLAGS = ("model", "out_dir", "seed", "rl_iterations", "sft_epochs", "max_to
               "multi_step_demos", "guide", "guide_k", "guide_shaping", "relabel_weight",
               "distill_beta")
 """DemoConfig fields the `demo` command takes as flags."""
+QUICK: dict[str, Any]
 QUICK = dict(train_per_kind=4, eval_per_kind=2, sft_epochs=1, rl_iterations=2, rl_tasks_per_kind=(1, 1, 1),
              group_size=4)
 """`demo --quick`: a minute-long smoke run of the whole pipeline (flags given still win)."""
@@ -73,8 +75,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
             path = parted.fetch(name, say=lambda message: print(message, flush=True))
         else:
             path = models.model_path(name)
-        size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
-        print(f"{name}: ready in {path} ({size / 1e9:.2f} GB, {time.perf_counter() - started:.0f} s)", flush=True)
+        nbytes = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+        print(f"{name}: ready in {path} ({nbytes / 1e9:.2f} GB, {time.perf_counter() - started:.0f} s)", flush=True)
     return 0
 
 
@@ -141,6 +143,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     import forge_bridge as fb
     from forge_bridge.serving.gateway import Gateway
 
+    policy: fb.Policy
     if args.upstream:
         import os
 

@@ -8,7 +8,7 @@ import ast
 import dataclasses
 import inspect
 import textwrap
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from forge_bridge.core.errors import WrongType
 
@@ -19,7 +19,7 @@ def field_docs(cls: type) -> dict[str, str]:
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
             continue
-        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        body = cast(ast.ClassDef, ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0]).body
         for field, doc in zip(body, body[1:]):
             if (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
                     and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
@@ -66,7 +66,8 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, names: Sequence
         if kind is tuple:  # a tuple of one type: `--flag A B C`
             if not field.default:
                 raise WrongType(f"{name}: no command-line type for an empty tuple default")
-            parser.add_argument(*flags, dest=name, nargs="+", type=type(field.default[0]), default=argparse.SUPPRESS,
+            first = cast(tuple, field.default)[0]  # kind is the default's own type here
+            parser.add_argument(*flags, dest=name, nargs="+", type=type(first), default=argparse.SUPPRESS,
                                 metavar=name.upper(), help=help_text)
         elif kind is bool:
             parser.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction,

@@ -70,7 +70,8 @@ def build_agent(policy: Any, temperature: float, max_tokens: int, with_add: bool
         return str(value) if value is not None else f"unknown city: {city}"
 
     # The model the agent was written for; the middleware replaces it on every call.
-    model = ChatOpenAI(model="gpt-4o-mini", api_key="unused", base_url="http://127.0.0.1:9/v1")
+    model = ChatOpenAI(model="gpt-4o-mini", api_key="unused",  # type: ignore[arg-type]  # pydantic makes it a SecretStr
+                       base_url="http://127.0.0.1:9/v1")
     return create_agent(model, [add, multiply, lookup] if with_add else [multiply, lookup],
                         system_prompt=system_prompt,
                         middleware=[ForgeMiddleware(policy, temperature=temperature, max_tokens=max_tokens)])
@@ -91,7 +92,9 @@ def attempt(agent: Any, task: Task, max_model_calls: int) -> bool:
         result = agent.invoke({"messages": [{"role": "user", "content": task.question}]},
                               {"recursion_limit": 2 * max_model_calls})
     except GraphRecursionError:
-        fb.current_episode().truncate(f"more than {max_model_calls} model calls")
+        episode = fb.current_episode()
+        assert episode is not None  # every attempt runs inside an episode (run_tasks opens it)
+        episode.truncate(f"more than {max_model_calls} model calls")
         return False
     return check_answer(task, final_text(result))
 
@@ -212,7 +215,9 @@ class DemoRun:
         t = self.phase(f"recording {len(shown)} demonstrations of {', '.join(config.demonstrate)} through the same "
                        "middleware (scripted expert)")
         self.demos = demos = self.demonstrate(shown, "demonstrations")
-        trainer = fb.GRPOTrainer(self.policy, fb.GRPOConfig(  # the trainer's defaults, which the demo measured
+        # the trainer's defaults, which the demo measured; the flat names (group_size, run_name, ...) are read
+        # by TrainerConfig's metaclass, which mypy does not see
+        trainer = fb.GRPOTrainer(self.policy, fb.GRPOConfig(  # type: ignore[call-arg]
             group_size=config.group_size, baseline=config.baseline, concurrency=config.concurrency,
             run_name="demo", out_dir=str(self.out), seed=config.seed, progress=self.progress,
             max_seq_len=768, merge_steps=True, relabel_weight=config.relabel_weight, distill_beta=config.distill_beta,
@@ -290,8 +295,9 @@ class DemoRun:
                  if task not in shown]
         demos = self.demos + self.demonstrate(extra, "teacher-demonstrations")
         self.teacher_policy = policy = fb.LocalPolicy(config.model, max_batch=config.concurrency)
-        trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(run_name="teacher", out_dir=str(self.out / "teacher"),
-                                                      seed=config.seed, progress=self.progress, max_seq_len=768))
+        trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(  # type: ignore[call-arg]  # flat names, as above
+            run_name="teacher", out_dir=str(self.out / "teacher"), seed=config.seed, progress=self.progress,
+            max_seq_len=768))
         warm = sft(trainer, demos, SFTConfig(epochs=config.sft_epochs, lr=config.sft_lr, batch_size=8))
         trainer.close()
         print(f"  teacher SFT on {warm['sft_demonstrations']} episodes ({warm['sft_samples']} model calls): "

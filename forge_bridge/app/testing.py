@@ -26,12 +26,12 @@ ADD_TOOL = {"type": "function", "function": {
                    "required": ["a", "b"], "type": "object"}}}
 ASK = [{"role": "user", "content": "What is 2 plus 3?"}]
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
-AFTER_TOOL = ASK + [
+AFTER_TOOL: list[dict] = ASK + [
     {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
         "name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
     {"role": "tool", "tool_call_id": "call_1", "content": "5"}]
 TOOL_ERROR = "Error: RuntimeError: calculator is on fire"
-AFTER_ERROR = AFTER_TOOL[:-1] + [{"role": "tool", "tool_call_id": "call_1", "content": TOOL_ERROR}]
+AFTER_ERROR: list[dict] = AFTER_TOOL[:-1] + [{"role": "tool", "tool_call_id": "call_1", "content": TOOL_ERROR}]
 BASE_EXAMPLES: list[Example] = [(ASK, [ADD_TOOL], CALL), (AFTER_TOOL, [ADD_TOOL], "The answer is 5."),
                                 (AFTER_ERROR, [ADD_TOOL], "Sorry, the tool failed.")]
 

@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 from forge_bridge.app.config_flags import config_kwargs
 from forge_bridge.core.errors import InvalidArgument
@@ -56,7 +57,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     make_rollout = load_attr(args.rollout, "--rollout") if args.rollout else None
     tasks = _tasks(args.tasks)
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # by --nproc, or by torchrun on several machines
-    spread = {"distributed": fb.Distributed(strategy=args.strategy)} if launched else {}
+    spread: dict[str, Any] = {"distributed": fb.Distributed(strategy=args.strategy)} if launched else {}
     config = (fb.GRPOConfig if args.algo == "grpo" else fb.PPOConfig)(**config_kwargs(args, TRAIN_FLAGS),
                                                                      **teaching_kwargs(args), **spread)
     if spread:
@@ -68,7 +69,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         earlier = set_aside(config.out_dir)
         if earlier is not None:
             print(f"(the earlier run in {config.out_dir} was moved to {earlier})")
-    server = policy = None
+    server = None
+    policy: fb.Policy | None = None
     try:
         if args.vllm:
             server = _vllm_server(args, config)
@@ -147,9 +149,11 @@ def _follow(args: argparse.Namespace, config) -> int:
     """A rank other than 0: no policy, rollouts or run folder; it takes its share of each update."""
     import forge_bridge as fb
 
-    trainer = (fb.GRPOTrainer if args.algo == "grpo" else fb.PPOTrainer)(None, config, model=args.model)
+    # a follower rank has neither a policy nor a rollout (Trainer takes None for both there)
+    trainer = (fb.GRPOTrainer if args.algo == "grpo" else fb.PPOTrainer)(None, config,  # type: ignore[arg-type]
+                                                                         model=args.model)
     try:
-        trainer.train(None, [], args.iterations, resume=args.resume)
+        trainer.train(None, [], args.iterations, resume=args.resume)  # type: ignore[arg-type]
     finally:
         trainer.close()  # leaves the process group: a gloo group left to the exit can abort the rank
     return 0
@@ -202,8 +206,8 @@ def _train(args: argparse.Namespace, policy, config, make_rollout, tasks) -> int
         if fresh and args.demos:
             warm_start(args, trainer, make_rollout, rollout)
         teacher = teacher_of(args, trainer, make_rollout)
-        if teacher is not None:
-            trainer.use_teacher(teacher)
+        if teacher is not None:  # the teacher flags are GRPO's; a PPOTrainer has no use_teacher
+            cast(fb.GRPOTrainer, trainer).use_teacher(teacher)
         if fresh and not args.no_probe:
             report = trainer.probe(rollout, tasks, kind_key=args.kind_key, require_kind=False)
             print(f"signal probe ({report.group_size} rollouts of each of the {len(tasks)} tasks):\n{report}")
@@ -216,8 +220,9 @@ def _train(args: argparse.Namespace, policy, config, make_rollout, tasks) -> int
         trainer.close()
         if make_rollout is None:
             rollout.close()
-        if getattr(trainer, "teacher", None) is not None and trainer.teacher.policy is not None:
-            trainer.teacher.policy.close()
+        used_teacher = getattr(trainer, "teacher", None)  # GRPO's
+        if used_teacher is not None and used_teacher.policy is not None:
+            used_teacher.policy.close()
     last = history[-1] if history else {}
     print(f"done: {trainer.iteration} iterations, live adapter {policy.current()}, last mean "
           f"reward {last.get('reward_mean', float('nan')):.3f}; run folder {config.out_dir}")

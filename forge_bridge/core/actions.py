@@ -40,7 +40,9 @@ class ToolCall:
         if isinstance(args, dict):
             args = json.dumps(args)
         try:
-            return cls(id=data.get("id") or "", name=fn.get("name"), arguments=args)
+            return cls(id=data.get("id") or "",
+                       name=fn.get("name"),  # type: ignore[arg-type]  # any value: __post_init__ checks it
+                       arguments=args)
         except SchemaError as exc:
             raise SchemaError(f"{where}: {exc}") from None
 
@@ -131,7 +133,8 @@ class Observation:
     def from_dict(cls, data: Any) -> "Observation":
         if not isinstance(data, dict):
             raise validate.fail("Observation", "an object", data)
-        return cls(messages=data.get("messages"), tools=data.get("tools"))
+        return cls(messages=data.get("messages"),  # type: ignore[arg-type]  # any value: __post_init__ checks it
+                   tools=data.get("tools"))
 
 
 __all__ = ["Action", "Observation", "ToolCall"]

@@ -188,7 +188,7 @@ class Episode:
         for m in messages:
             call_id = m.get("tool_call_id") if m.get("role") == "tool" else None
             step = self.step_of_tool_call(call_id) if call_id else None
-            if step is None or call_id in self._traj.transitions[step].info.get("tool_results", {}):
+            if not call_id or step is None or call_id in self._traj.transitions[step].info.get("tool_results", {}):
                 continue
             content = m.get("content")
             self.add_tool_result(call_id, {"name": m.get("name"), "content": content if isinstance(
@@ -212,6 +212,7 @@ class Episode:
             self._traj.reward = float(value)
             self._own_reward = True
             if self.finished:  # e.g. scored after the agent stopped: keep the score too
+                assert self._traj.end_reason is not None  # a finished episode has its end reason
                 self.recorder.store.finish(self.id, self._traj.end_reason, reward=self._traj.reward,
                                            metadata=self._traj.metadata,
                                            end_detail=self._traj.end_detail)

@@ -63,6 +63,9 @@ class PolicyUnavailable(PolicyError):
 class PolicyResponseError(PolicyError):
     """The policy answered, but not with something usable (HTTP error, bad JSON, no token ids)."""
 
+    status: int | None = None
+    """The HTTP status it answered with, where that is what was wrong."""
+
 
 class ContextLengthExceeded(PolicyResponseError):
     """The prompt no longer fits the model's context: the episode cannot go on (a truncation,

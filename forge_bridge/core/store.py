@@ -203,7 +203,8 @@ class TrajectoryStore(StoreViews):
     def _select_ids(self, *, run_id: str | None = None, task_id: str | None = None, group_id: str | None = None,
                     status: str | Iterable[str] | None = None, adapter: str | None = None,
                     since: float | None = None) -> list[str]:
-        where, args = [], []
+        where: list[str] = []
+        args: list[Any] = []
         if since is not None:
             where.append("created_at >= ?")
             args.append(float(since))
@@ -275,7 +276,7 @@ class TrajectoryStore(StoreViews):
         sql = "SELECT trajectory_id, value, key, comment, step, source, seq, at FROM feedback WHERE seq > ?"
         ids = None if episode_ids is None else list(dict.fromkeys(episode_ids))
         # The ids go in chunks: old SQLite builds take at most 999 variables in a statement.
-        chunks = [None] if ids is None else [ids[k:k + 900] for k in range(0, len(ids), 900)]
+        chunks: list[list[str] | None] = [None] if ids is None else [ids[k:k + 900] for k in range(0, len(ids), 900)]
         out: dict[str, list[Feedback]] = {}
         for chunk in chunks:
             where = "" if chunk is None else f" AND trajectory_id IN ({','.join('?' * len(chunk))})"

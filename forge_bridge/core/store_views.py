@@ -131,7 +131,8 @@ class TrajectoryQuery:
             raise SchemaError(f"order: expected asc or desc, got {self.order!r}")
 
     def where(self) -> tuple[str, list[Any]]:
-        clauses, args = [], []
+        clauses: list[str] = []
+        args: list[Any] = []
         for column, value in (("run_id", self.run), ("status", self.status), ("group_id", self.group),
                               ("COALESCE(behaviour, 'policy')", self.behaviour)):
             if value:

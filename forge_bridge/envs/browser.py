@@ -29,7 +29,7 @@ import os
 import re
 import shutil
 import urllib.parse
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence, cast
 
 from forge_bridge.core.errors import ForgeBridgeError, InvalidArgument, InvalidState
 from forge_bridge.core.extras import require
@@ -140,13 +140,18 @@ class BrowserEnvironment(ToolEnvironment):
             if not origin.startswith(("http://", "https://")):
                 raise InvalidArgument(f"allowed_origins: only http(s) origins can be allowed, got {origin!r}")
         base = site.start() if site is not None else None  # only once the settings are known good
-        self.start_url = start_url or base
+        self.start_url: str = cast(str, start_url or base)  # one of the two is given: checked above
         self.allowed_origins = frozenset(allowed | ({origin_of(base)} if base else set()))
         self.refused: list[str] = []
         """What this episode's pages tried and were refused (navigations, requests, popups, downloads)."""
         super().__init__(max_observation_chars, tool_timeout_s=self.action_timeout_s * 3 + 10)
-        self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="forge-browser")
-        self._playwright = self._browser = self._context = self._page = None
+        self._thread: concurrent.futures.ThreadPoolExecutor | None = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="forge-browser")
+        # Playwright's objects (an optional dependency, imported on the browser thread), set by _launch
+        self._playwright: Any = None
+        self._browser: Any = None
+        self._context: Any = None
+        self._page: Any = None
         try:
             self._call(self._launch)
         except BaseException:

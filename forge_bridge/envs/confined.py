@@ -97,7 +97,7 @@ class CommandResult:
         if self.timed_out:
             return "timeout"
         # a signal kills the command (-N), or a shell reports its child's death (128 + N)
-        by_signal = {signal.SIGXCPU: "cpu", signal.SIGXFSZ: "file size", signal.SIGKILL: "killed"}
+        by_signal: dict[int, str] = {signal.SIGXCPU: "cpu", signal.SIGXFSZ: "file size", signal.SIGKILL: "killed"}
         code = self.exit_code or 0
         return by_signal.get(-code) or by_signal.get(code - 128)
 

@@ -96,7 +96,7 @@ class HTTPToolEnvironment(ToolEnvironment):
 
         rest = dict(args)
         path = _PLACEHOLDER.sub(lambda m: urllib.parse.quote(str(rest.pop(m.group(1))), safe=""), tool.path)
-        send = {"params": rest} if tool.method in ("GET", "DELETE") else {"json": rest}
+        send: dict[str, Any] = {"params": rest} if tool.method in ("GET", "DELETE") else {"json": rest}
         try:
             response = self._client.request(tool.method, self.base_url + path, **send)
         except httpx.TimeoutException:

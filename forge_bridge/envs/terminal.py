@@ -138,6 +138,7 @@ class TerminalEnvironment(ToolEnvironment):
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content, encoding="utf-8")
         self._handed_over = False
+        assert self.workdir is not None  # inside() refused the call without one
         return f"wrote {len(content)} characters to {target.relative_to(self.workdir)}"
 
 

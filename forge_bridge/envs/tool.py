@@ -20,6 +20,7 @@ from forge_bridge.core.timeouts import call_with_timeout
 from forge_bridge.core.types import Action, ToolCall
 from forge_bridge.envs.base import Environment, StepResult
 
+_JSON_TYPES: dict[str, type | tuple[type, ...]]
 _JSON_TYPES = {"integer": int, "number": (int, float), "string": str, "boolean": bool,
                "object": dict, "array": list}
 
@@ -157,6 +158,7 @@ class ToolEnvironment(Environment):
     def call_tool(self, call: ToolCall) -> dict:
         """Run one call; a fault becomes an error result the model observes."""
         t0 = time.perf_counter()
+        extra: dict[str, Any]
         status, error, extra = "success", None, {}
         try:
             if call.name not in self._functions:
@@ -181,6 +183,7 @@ class ToolEnvironment(Environment):
 
     def _final(self, answer: str) -> StepResult:
         self.done = True
+        assert self.task is not None  # step() answers only during an episode
         try:
             value = self.task.check(answer, self)
         except Exception as exc:

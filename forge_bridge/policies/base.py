@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, cast
 
 from forge_bridge.core.errors import (
     AdapterError,
@@ -327,7 +327,7 @@ class Policy(abc.ABC):
             history = self._slots.setdefault(slot, [None])
             history.append(version)
             while len(history) > self.keep_versions + 1:  # +1: the base stays reachable
-                self._retired.add(history.pop(1))
+                self._retired.add(cast(str, history.pop(1)))  # past the base model (None): a version
             self._evict_unused()
         return version
 
@@ -342,7 +342,7 @@ class Policy(abc.ABC):
             self._slots.setdefault(to_slot, [None]).append(version)
             history = self._slots[to_slot]
             while len(history) > self.keep_versions + 1:
-                self._retired.add(history.pop(1))
+                self._retired.add(cast(str, history.pop(1)))  # past the base model (None): a version
             self._evict_unused()
         return version
 
@@ -352,7 +352,7 @@ class Policy(abc.ABC):
             history = self._slots.get(slot, [None])
             if len(history) < 2:
                 raise AdapterError(f"nothing to roll back to: slot {slot!r} already serves the base model")
-            self._retired.add(history.pop())
+            self._retired.add(cast(str, history.pop()))  # not the base model (None): a version
             self._evict_unused()
             return history[-1]
 

@@ -170,6 +170,7 @@ def reward_decisions(episode: Any, tokenizer: Any, asked: Collection[str], right
     spans = _judged_spans("reward_decisions", episode, tokenizer, right, step)
     if spans is None:
         return 0
+    written: set[str]
     rewarded, written = [], set()
     copies = [m[0] for m in spans.members]
     for name, separator, key, value in spans.members:

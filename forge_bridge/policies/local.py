@@ -15,7 +15,7 @@ import threading
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from forge_bridge.core.errors import (
     AdapterError,
@@ -31,6 +31,9 @@ from forge_bridge.policies.device import bf16_supported, resolve_device
 from forge_bridge.policies.messages import normalize_messages, template_messages
 from forge_bridge.policies.scoring import completion_logprobs
 from forge_bridge.policies.toolcalls import FORMAT_MARKERS, OPENINGS, check_format, formats, parse
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 __all__ = ["LocalPolicy", "bf16_supported"]
 
@@ -137,7 +140,7 @@ class LocalPolicy(Policy):
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         self.max_context = getattr(model.config, "max_position_embeddings", None) or 2048
-        self._peft = None
+        self._peft: PeftModel | None = None
         self._start_worker()
 
     def _start_worker(self) -> None:
@@ -200,7 +203,8 @@ class LocalPolicy(Policy):
                                         f"context of {self.max_context} tokens")
         with self._model_lock, torch.inference_mode():
             model = self._peft if self._peft is not None else self.model
-            extra = {} if self._peft is None else {"adapter_names": [self._pool.name_of(adapter) or BASE]}
+            extra: dict[str, Any] = ({} if self._peft is None
+                                     else {"adapter_names": [self._pool.name_of(adapter) or BASE]})
             scores, reusable = completion_logprobs(model, prompt, completion, device=self.device, adapter=adapter,
                                                    prefixes=self._scored, extra=extra)
             if not reusable:
@@ -287,9 +291,9 @@ class LocalPolicy(Policy):
             self._in_flight[version] -= 1
             due = version in self._unload_later and not self._in_flight[version]
             if due:
-                self._unload_later.discard(version)
+                self._unload_later.discard(cast(str, version))  # retired: a version, not the base (None)
         if due:
-            self._unload_now(version)
+            self._unload_now(cast(str, version))
 
     @property
     def batches_run(self) -> int:

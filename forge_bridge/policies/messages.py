@@ -54,7 +54,7 @@ def template_messages(messages: list[dict]) -> list[dict]:
 def _with_object_arguments(call: Any) -> Any:
     function = call.get("function") if isinstance(call, dict) else None
     arguments = function.get("arguments") if isinstance(function, dict) else None
-    if not isinstance(arguments, str):
+    if not isinstance(function, dict) or not isinstance(arguments, str):
         return call
     try:
         value = json.loads(arguments)

@@ -178,7 +178,8 @@ def convert_gguf(gguf: Path, target: Path, name: str) -> Path:
     # GGUF-loaded models refuse save_pretrained while they claim to be quantised.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.hf_quantizer = None  # the weights are already dequantised to fp32
+    # the weights are already dequantised to fp32; transformers sets this attribute without declaring it
+    model.hf_quantizer = None  # type: ignore[assignment]
     model.config.name_or_path = name
     with_tool_template(tokenizer)
     # Write beside the target and rename, so a killed conversion never leaves half a model.

@@ -28,6 +28,7 @@ import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from forge_bridge.policies import models
 
@@ -280,6 +281,7 @@ def _locked(folder: Path) -> Iterator[None]:
 def listing() -> list[dict]:
     """Every named model: name, what it is, download size in bytes (None: in the installed
     package), whether it is converted and ready."""
+    rows: list[dict[str, Any]]
     rows = [{"name": n, "title": f"embedded, in the pip package {m.pip_spec}", "size": None,
              "cached": (model_dir(n) / "config.json").is_file()} for n, m in models.EMBEDDED.items()]
     rows += [{"name": n, "title": m.title, "size": m.gguf_size, "cached": cached(n)}

@@ -103,7 +103,7 @@ class ScriptedPolicy(Policy):
             if ep is None:
                 raise InvalidArgument("a replayed plan answers inside an episode (fb.episode, or the trainer's)")
             task = ep.trajectory.task_id
-            if task not in plans:
+            if task is None or task not in plans:
                 raise InvalidArgument(f"no demonstration plan for the task {task!r} (plans: {', '.join(sorted(plans))})")
             with lock:
                 k = calls[ep.id] = calls.get(ep.id, -1) + 1

@@ -104,6 +104,7 @@ PYTHON_TAG = "<|python_tag|>"
 def json_values(text: str) -> list[str] | None:
     """`text` as a run of JSON values separated by `;` or whitespace, or None when it is not one
     (the raw text of each value, so a bad one is reported as written)."""
+    parts: list[str]
     decoder, pos, parts = json.JSONDecoder(), 0, []
     while True:
         while pos < len(text) and (text[pos].isspace() or text[pos] == ";"):

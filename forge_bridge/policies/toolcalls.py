@@ -111,7 +111,7 @@ def read_any(text: str, finish_reason: str | None, names: Declared | None) -> Ac
     if TOOL_CALL_OPEN in text:
         readers.append(parse_hermes)
     calls, errors, read, rest = [], [], [], text
-    for reader in [*readers, parse_fenced, parse_json]:
+    for reader in readers + [parse_fenced, parse_json]:
         step = reader(rest, finish_reason, None if reader in readers else names)
         calls += step.tool_calls
         errors += step.parse_errors

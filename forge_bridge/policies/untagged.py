@@ -20,6 +20,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.core.types import Action, ToolCall
@@ -183,7 +184,7 @@ def _call_nodes(stmt: ast.stmt) -> list[ast.Call]:
     items = node.elts if isinstance(node, (ast.List, ast.Tuple)) else [node]
     if not all(isinstance(item, ast.Call) for item in items):
         raise InvalidArgument("an expression that is not a call")
-    return items
+    return cast("list[ast.Call]", items)  # each one a Call: checked above
 
 
 def _python_call(node: ast.Call, names: Declared | None) -> ToolCall:

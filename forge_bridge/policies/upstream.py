@@ -85,7 +85,8 @@ class UpstreamPolicy(Upstream):
         super().__init__(tokenizer, tool_format)
         self.base_url, self.model = base_url.rstrip("/"), model
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client_args = {"timeout": httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)), "headers": headers}
+        self._client_args: dict[str, Any] = {"timeout": httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
+                                             "headers": headers}
         self._client = httpx.Client(**self._client_args)
         self._aclients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # one per event loop
 

@@ -78,7 +78,7 @@ class VLLMPolicy(Policy):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
         self._client = httpx.Client(timeout=timeout, headers=headers)
-        self._client_args = {"timeout": timeout, "headers": headers}
+        self._client_args: dict[str, Any] = {"timeout": timeout, "headers": headers}
         # httpx async connections belong to one event loop: one client per loop that calls us.
         self._aclients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._identity_loaded = False
@@ -244,7 +244,7 @@ class VLLMPolicy(Policy):
 
     # ------------------------------------------------------------------ adapters
     def _load_on_server(self, name: str, path: Path, inplace: bool = False) -> None:
-        body = {"lora_name": name, "lora_path": str(path.resolve())}
+        body: dict[str, Any] = {"lora_name": name, "lora_path": str(path.resolve())}
         if inplace:
             body["load_inplace"] = True
         try:

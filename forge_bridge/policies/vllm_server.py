@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from forge_bridge.core.errors import ForgeBridgeError
 
@@ -55,7 +55,7 @@ class VLLMServer:
 
     def __init__(self, model: str | os.PathLike, *, served_name: str = "base",
                  host: str = "127.0.0.1", port: int | None = None,
-                 adapters: dict[str, str | os.PathLike] | None = None,
+                 adapters: Mapping[str, str | os.PathLike] | None = None,
                  max_model_len: int = 1024, max_lora_rank: int = 16, max_loras: int = 3,
                  dtype: str = "bfloat16", kv_cache_gib: int = 1, python: str | None = None,
                  log_path: str | os.PathLike | None = None, tool_parser: str = "hermes",

@@ -245,7 +245,7 @@ class RayRollouts(EpisodeRunner):
 
     def shutdown(self) -> None:
         """Stop the workers (a later iteration starts fresh ones)."""
-        ray = ensure_ray(self.ray_init) if self._workers else None
+        ray: Any = ensure_ray(self.ray_init) if self._workers else None  # Ray itself (untyped), or no workers
         with self._lock:
             workers, self._workers = self._workers, []
             self._replaced.clear()

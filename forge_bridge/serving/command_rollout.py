@@ -23,7 +23,7 @@ import os
 import shlex
 import signal
 import subprocess
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from forge_bridge.core.episode import current_episode
 from forge_bridge.core.errors import AgentError, InvalidArgument, InvalidState, WrongType
@@ -67,7 +67,7 @@ class CommandRollout:
         self.cmd, self.reward, self.timeout_s = list(cmd), reward, float(timeout_s)
         self.env, self.cwd = dict(env or {}), cwd
         self._own_gateway = gateway is None
-        self.gateway = gateway or Gateway(policy)
+        self.gateway = gateway or Gateway(cast(Policy, policy))  # given when no gateway is: checked above
         if self._own_gateway:
             self.gateway.start()
 

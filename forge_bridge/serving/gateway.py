@@ -145,7 +145,8 @@ class Gateway:
                error: str | None = None) -> dict:
         """End an episode: with a reward, a status (`complete`, `failed` or any end reason, e.g.
         `truncated`), or (the agent crashed) an error reason."""
-        end = {"complete": "terminated", "failed": "crashed"}.get(status, status)
+        aliases: dict[str | None, str] = {"complete": "terminated", "failed": "crashed"}
+        end = aliases.get(status, status)
         if end is not None and end not in END_REASONS:
             raise InvalidArgument(f"status: expected one of {sorted(set(END_REASONS) | {'complete', 'failed'})}, "
                              f"got {status!r}")
@@ -184,6 +185,7 @@ class Gateway:
         """One chat completion, recorded through the recording protocol. Past the episode's
         step limit the answer is an empty final message (nothing is recorded; the episode is
         marked truncated), so the agent's loop ends."""
+        messages: Any  # as the request has it (its HTTP route checked it: check_request)
         messages, tools = body.get("messages"), body.get("tools") or None
         sampling = {k: body.get(k) for k in ("temperature", "top_p", "max_tokens",
                                              "max_completion_tokens", "seed") if body.get(k) is not None}

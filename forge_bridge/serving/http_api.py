@@ -6,7 +6,7 @@ from __future__ import annotations
 import hmac
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from forge_bridge.core.errors import EpisodeClosed, ForgeBridgeError, NotFound, PolicyError, SchemaError
 
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 MAX_BODY = 16 * 1024 * 1024
 """Largest request body accepted by default (bytes); larger ones get 413."""
 EPISODE_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+_SAMPLING: dict[str, type | tuple[type, ...]]
 _SAMPLING = {"temperature": (int, float), "top_p": (int, float), "max_tokens": int,
              "max_completion_tokens": int, "seed": int}
 
@@ -172,14 +173,15 @@ def build_app(gateway: "Gateway") -> Any:
         body = await read_json(gateway, request)
         if not isinstance(body, dict):
             raise RequestRefused(400, "the body must be a JSON object")
-        return JSONResponse(gateway.finish(episode_of(request), body.get("reward"), body.get("status"),
+        episode_id = cast(str, episode_of(request))  # the route's path names it
+        return JSONResponse(gateway.finish(episode_id, body.get("reward"), body.get("status"),
                                            body.get("error")))
 
     @handled
     async def feedback(request: Request):
         authorize(gateway, request)
         body = check_feedback(await read_json(gateway, request))
-        return JSONResponse(gateway.feedback(episode_of(request), body))
+        return JSONResponse(gateway.feedback(cast(str, episode_of(request)), body))  # the route's path names it
 
     episode = "/episodes/{episode_id:str}"
     routes = [Route("/health", health, methods=["GET"]),

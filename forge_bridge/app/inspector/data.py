@@ -100,7 +100,7 @@ class RunView:
     def training_run_id(self) -> str | None:
         path = self.folder / "run.json" if self.folder else None
         try:
-            return str(json.loads(path.read_text())["run_id"])
+            return str(json.loads(path.read_text())["run_id"])  # type: ignore[union-attr]  # None: AttributeError
         except (AttributeError, OSError, json.JSONDecodeError, KeyError, TypeError):
             return self.store.latest_training_run()  # no run.json (a bare store), or an unreadable one
 
@@ -117,7 +117,8 @@ class RunView:
     def steps(self, traj: Trajectory) -> list[Step]:
         """A trajectory's steps, each with its credit and the prompt tokens it added."""
         credit = self.store.credit(traj.id)
-        steps, previous = [], []
+        steps: list[Step] = []
+        previous: list[int] = []
         for index, transition in enumerate(traj.transitions):
             step = Step(index, transition)
             if index in credit:

@@ -330,7 +330,7 @@ def compare(view: RunView, task: str = "", a: str = "", b: str = "") -> str:
     if not task:
         return layout("Compare adapter versions", form + "<p>Pick a task answered in more than one evaluation.</p>")
     answers = view.store.attempts(task)
-    rows = "".join(f"<tr><td>{html.escape(run)}</td><td>{fmt(adapter)}</td><td>{fmt(reward)}</td><td>"
+    rows = "".join(f"<tr><td>{fmt(run)}</td><td>{fmt(adapter)}</td><td>{fmt(reward)}</td><td>"
                    f"<a href='{link('/trajectory/', tid)}'>{esc(tid[:10])}</a></td></tr>" for tid, run, adapter, reward in answers)
     ids = [t[0] for t in answers]
     a = a if a in ids else (ids[0] if ids else "")

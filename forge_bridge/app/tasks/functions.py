@@ -85,6 +85,7 @@ def _schema(kind: str, name: str) -> dict:
 
 def _value(kind: str, name: str, rng: random.Random) -> tuple[Any, str]:
     """(a value, the request's phrase for it)."""
+    v: Any
     if kind == "string":
         v = f"{rng.choice(WORDS)}-{rng.randint(10, 99)}"
         return v, f"{STRINGS[name]} '{v}'"
