@@ -215,12 +215,11 @@ class DemoRun:
         t = self.phase(f"recording {len(shown)} demonstrations of {', '.join(config.demonstrate)} through the same "
                        "middleware (scripted expert)")
         self.demos = demos = self.demonstrate(shown, "demonstrations")
-        # the trainer's defaults, which the demo measured; the flat names (group_size, run_name, ...) are read
-        # by TrainerConfig's metaclass, which mypy does not see
-        trainer = fb.GRPOTrainer(self.policy, fb.GRPOConfig(  # type: ignore[call-arg]
-            group_size=config.group_size, baseline=config.baseline, concurrency=config.concurrency,
-            run_name="demo", out_dir=str(self.out), seed=config.seed, progress=self.progress,
-            max_seq_len=768, merge_steps=True, relabel_weight=config.relabel_weight, distill_beta=config.distill_beta,
+        trainer = fb.GRPOTrainer(self.policy, fb.GRPOConfig(  # the defaults otherwise: the demo measured them
+            rollout=fb.RolloutConfig(group_size=config.group_size, concurrency=config.concurrency),
+            run=fb.RunConfig(name="demo", out_dir=str(self.out), seed=config.seed, progress=self.progress),
+            baseline=config.baseline, max_seq_len=768, merge_steps=True, relabel_weight=config.relabel_weight,
+            distill_beta=config.distill_beta,
             guidance=None if config.guide == "none" else fb.Guidance(k=config.guide_k, source=config.guide,
                                                                      shaping=config.guide_shaping)),
             recorder=fb.Recorder(store))  # episodes: the run id
@@ -295,9 +294,9 @@ class DemoRun:
                  if task not in shown]
         demos = self.demos + self.demonstrate(extra, "teacher-demonstrations")
         self.teacher_policy = policy = fb.LocalPolicy(config.model, max_batch=config.concurrency)
-        trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(  # type: ignore[call-arg]  # flat names, as above
-            run_name="teacher", out_dir=str(self.out / "teacher"), seed=config.seed, progress=self.progress,
-            max_seq_len=768))
+        trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
+            run=fb.RunConfig(name="teacher", out_dir=str(self.out / "teacher"), seed=config.seed,
+                             progress=self.progress), max_seq_len=768))
         warm = sft(trainer, demos, SFTConfig(epochs=config.sft_epochs, lr=config.sft_lr, batch_size=8))
         trainer.close()
         print(f"  teacher SFT on {warm['sft_demonstrations']} episodes ({warm['sft_samples']} model calls): "
