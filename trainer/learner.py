@@ -170,7 +170,7 @@ class Learner:
         if self.eager_up_to:
             choose_attention(self.model.get_base_model(), length, self.eager_up_to)
 
-    def score(self, batch: dict, with_entropy: bool = False
+    def logprobs(self, batch: dict, with_entropy: bool = False
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(logp [B, T], hidden [B, T, H], entropy) of the batch under the model being trained, at
         each sample's sampling temperature."""
@@ -187,7 +187,7 @@ class Learner:
         over the steps, and how many were taken. In a process group every rank runs this at once on
         the same samples and takes its share of each step (`trainer/distributed.py`)."""
         if len(steps) > 1 or len(steps[0]) > 1:  # later steps would otherwise see an already-moved policy
-            self.score_old(samples, stepping.microbatch_size or max(len(m) for e in steps for m in e))
+            self.old_logprobs(samples, stepping.microbatch_size or max(len(m) for e in steps for m in e))
         self.model.train()
         totals: dict[str, float] = {}
         for epoch in steps:
@@ -199,14 +199,14 @@ class Learner:
         taken = sum(map(len, steps))
         return {k: v / max(taken, 1) for k, v in totals.items()} | {"optimizer_steps": taken}
 
-    def score_old(self, samples: list[Sample], size: int) -> None:
+    def old_logprobs(self, samples: list[Sample], size: int) -> None:
         """pi_old: the log-probabilities of every sample under the weights before this update (in a
         process group, each rank scores its share and they exchange the results)."""
         chunks = [chunk for chunk, _ in microbatches(samples, size, "token", self.chunker)]
         scored = {}
         with torch.no_grad():
             for k, chunk in self.ranks.share([(c, 1.0) for c in chunks])[0]:
-                logp = self.score(self.collate(chunk))[0]
+                logp = self.logprobs(self.collate(chunk))[0]
                 if k is not None:
                     scored[k] = [logp[b, :len(s.input_ids)].tolist() for b, s in enumerate(chunk)]
         scored = {k: v for part in self.ranks.gather(scored) for k, v in part.items()}
@@ -230,7 +230,7 @@ class Learner:
             weight = 0.0 if k is None else chunks[k][1] * self.ranks.size  # k None: a filler chunk, run for nothing
             batch = self.collate(chunk)
             with self.ranks.reducing(self, n == len(runs) - 1):
-                logp, hidden, entropy = self.score(batch, with_entropy=True)
+                logp, hidden, entropy = self.logprobs(batch, with_entropy=True)
                 with self.autocast():
                     value, chunk_stats = loss(logp, hidden, batch)
                 (value * weight).backward()

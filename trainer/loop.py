@@ -218,7 +218,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ the reference
     def old_logprobs(self, logp: torch.Tensor, batch: dict) -> torch.Tensor:
-        """pi_old [B, T]: the trainer's own log-probabilities before this update (`Learner.score_old`),
+        """pi_old [B, T]: the trainer's own log-probabilities before this update (`Learner.old_logprobs`),
         or, when the update is a single optimizer step, the current ones without gradient (the
         same numbers, no extra pass)."""
         return batch["trainer_logprobs"] if "trainer_logprobs" in batch else logp.detach()

@@ -122,7 +122,7 @@ class PPOTrainer(Trainer):
             size = self.config.optimizer.microbatch_size or self.config.optimizer.minibatch_size
             for chunk, _ in microbatches(samples, size, "token", learner.chunker):
                 batch = learner.collate(chunk)
-                _, hidden, _ = learner.score(batch)
+                _, hidden, _ = learner.logprobs(batch)
                 v = read_values(head, hidden, batch["value_positions"])
                 for b, sample in enumerate(chunk):
                     for k, step in enumerate(sample.steps):

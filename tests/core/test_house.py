@@ -97,6 +97,9 @@ RETIRED = {
         "one definition of success: core.types.succeeded / success_rate"),
     r"(?<!process )(?<!param_)\bgroups?\b": ({"trainer/learner.py"},
                                                       "a group is a task's rollouts; torch's param_groups are parameter sets"),
+    r"\.score\(|def score\(|score_old": ({str(p.relative_to(ROOT)) for p in SOURCE if p.parent.name in ("trainer", "policies")}
+                                        - {"forge_bridge/policies/base.py"},
+                                        "a score is a judge's; a model's token log-probabilities are logprobs"),
     r"\.std\(": ({str(p.relative_to(ROOT)) for p in SOURCE if p.parent.name == "trainer"} - {"trainer/advantages.py"},
                  "one standardisation: advantages.standardise"),
 }
@@ -118,7 +121,8 @@ def test_the_retired_senses_check_catches_the_old_forms():
     old = ["return p / (p + gamma)", "stats.truncated += 1", "sample.truncated = True",
            "def success_rate(group, success_threshold):", "sum((t.reward or 0.0) >= success_threshold for t in own)",
            "good = [t for t, r in scored if r >= config.threshold]", "if flat.std() > 1e-6:",
-           "for group, base in zip(optimizer.param_groups, base_lrs):"]
+           "for group, base in zip(optimizer.param_groups, base_lrs):",
+           "scored[key] = teacher.score(step.prompt_token_ids, step.completion_token_ids)"]
     for line in old:
         assert any(re.search(pattern, line) for pattern in RETIRED), line
     assert not any(re.search(p, "config.gamma  # the discount") for p in list(RETIRED)[1:])

@@ -112,7 +112,7 @@ def test_long_batches_run_sdpa_and_score_as_eager_attention_does(tmp_path):
     for eager_up_to in (1 << 30, 8):  # the second: 14 tokens count as long
         trainer.learner.eager_up_to = eager_up_to
         trainer.model.zero_grad()
-        logp, _, _ = trainer.learner.score(batch)
+        logp, _, _ = trainer.learner.logprobs(batch)
         (logp * batch["loss_mask"]).sum().backward()
         scores[base.config._attn_implementation] = (logp.detach(), [p.grad.clone() for p in trainer.model.parameters()
                                                                     if p.requires_grad])

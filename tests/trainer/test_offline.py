@@ -31,7 +31,7 @@ def chance_of(policy, step) -> float:
     """The probability the policy gives a recorded step's completion, exactly (no sampling)."""
     import math
 
-    return math.exp(sum(policy.score(step.prompt_token_ids, step.completion_token_ids)))
+    return math.exp(sum(policy.logprobs(step.prompt_token_ids, step.completion_token_ids)))
 
 
 def production_store(path, tokenizer) -> TrajectoryStore:
@@ -93,12 +93,12 @@ def test_the_students_own_episodes_get_a_policy_gradient_step(choice_dir, tmp_pa
     assert {t.behaviour for t in episodes} == {"policy"}
     add_call, mult_call = (next(t.transitions[0] for t in episodes if t.transitions[0].action.tool_calls[0].name == n)
                            for n in ("add", "multiply"))
-    before = [policy.score(s.prompt_token_ids, s.completion_token_ids) for s in (add_call, mult_call)]
+    before = [policy.logprobs(s.prompt_token_ids, s.completion_token_ids) for s in (add_call, mult_call)]
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(out_dir=str(tmp_path / "run"), progress=False, lr=3e-3,
                                                    lora_rank=8, lora_alpha=16))
     metrics = trainer.train_offline(store, fb.OfflineConfig(imitate=False))
     assert metrics["offline_reinforced_steps"] > 0 and metrics["offline_optimizer_steps"] >= 1
-    after = [policy.score(s.prompt_token_ids, s.completion_token_ids) for s in (add_call, mult_call)]
+    after = [policy.logprobs(s.prompt_token_ids, s.completion_token_ids) for s in (add_call, mult_call)]
     assert sum(after[0]) > sum(before[0]) and sum(after[1]) < sum(before[1])  # toward add, away from multiply
     store.close()
     trainer.close()

@@ -44,7 +44,7 @@ class Unreachable(fb.ScriptedPolicy):
     def generate(self, messages, tools, sampling, adapter):
         raise PolicyUnavailable("the teacher timed out after 1 s")
 
-    def _score(self, prompt, completion, adapter):
+    def _logprobs(self, prompt, completion, adapter):
         raise PolicyUnavailable("the teacher timed out after 1 s")
 
 
@@ -56,7 +56,7 @@ def trainer_for(taught_model_dir, tmp_path, teacher, **config):
 
 def guide_logprob(policy, guide):
     step = guide.transitions[-1]
-    return sum(policy.score(step.prompt_token_ids, step.completion_token_ids))
+    return sum(policy.logprobs(step.prompt_token_ids, step.completion_token_ids))
 
 
 def test_demonstrations_guide_a_group_the_policy_fails_and_are_learned(taught_model_dir, tmp_path):
@@ -155,7 +155,7 @@ def test_a_teacher_that_cannot_give_what_is_asked_is_refused_before_anything_run
         with pytest.raises(InvalidArgument, match="does not tokenize text as the student does"):
             trainer_for(taught_model_dir, tmp_path, fb.Teacher(policy=other), distill_beta=0.1)
     with pytest.raises(Unsupported, match="gives no token log-probabilities"):
-        expert(tokenizer).score([1, 2], [3])
+        expert(tokenizer).logprobs([1, 2], [3])
 
 
 def test_a_teacher_that_times_out_is_a_recorded_fault_never_a_silent_zero(taught_model_dir, tmp_path):
@@ -175,19 +175,22 @@ def test_a_teacher_that_times_out_is_a_recorded_fault_never_a_silent_zero(taught
         trainer.close()
 
 
-def test_local_score_is_the_log_probability_the_policy_samples_with(taught_model_dir):
+def test_local_logprobs_are_the_log_probabilities_the_policy_samples_with(taught_model_dir):
     policy = fb.LocalPolicy(str(taught_model_dir))
     try:
         out = policy.chat(testing.ASK, [testing.ADD_TOOL], temperature=1.0, seed=3)
-        assert policy.score(out.prompt_token_ids, out.completion_token_ids) == pytest.approx(
+        assert policy.logprobs(out.prompt_token_ids, out.completion_token_ids) == pytest.approx(
             out.completion_logprobs, abs=1e-4)
         with pytest.raises(InvalidArgument, match="non-empty lists of token ids"):
-            policy.score(out.prompt_token_ids, [])
+            policy.logprobs(out.prompt_token_ids, [])
+        with pytest.warns(DeprecationWarning, match="Policy.score is now Policy.logprobs"):  # the old name still works
+            assert policy.score(out.prompt_token_ids, out.completion_token_ids) == pytest.approx(
+                out.completion_logprobs, abs=1e-4)
     finally:
         policy.close()
 
 
-def test_local_scores_of_sequences_that_start_alike_reuse_the_kv_and_equal_whole_passes(taught_model_dir):
+def test_local_logprobs_of_sequences_that_start_alike_reuse_the_kv_and_equal_whole_passes(taught_model_dir):
     cached, whole = fb.LocalPolicy(str(taught_model_dir)), fb.LocalPolicy(str(taught_model_dir), prefix_cache_tokens=0)
     try:  # a group's first steps (one prompt, three completions), then one's next step extending it
         outs = [cached.chat(testing.ASK, [testing.ADD_TOOL], temperature=1.0, seed=s) for s in (1, 2, 3)]
@@ -196,7 +199,7 @@ def test_local_scores_of_sequences_that_start_alike_reuse_the_kv_and_equal_whole
         pairs = [(o.prompt_token_ids, o.completion_token_ids) for o in outs] + [(later, outs[2].completion_token_ids)]
         for prompt, completion in pairs:
             reuse = cached._scored.match(None, list(prompt))
-            assert cached.score(prompt, completion) == pytest.approx(whole.score(prompt, completion), abs=1e-4)
+            assert cached.logprobs(prompt, completion) == pytest.approx(whole.logprobs(prompt, completion), abs=1e-4)
             if prompt is not first.prompt_token_ids:  # every later one starts from an earlier one's KV
                 assert reuse is not None and reuse[0] >= len(first.prompt_token_ids) - 1
         assert len(cached._scored) == 4 and whole._scored is None
@@ -209,8 +212,8 @@ def test_vllm_score_equals_local_score_on_the_same_weights(taught_model_dir, vll
     local, remote = fb.LocalPolicy(str(taught_model_dir)), fb.VLLMPolicy(vllm_server.base_url)
     try:
         out = local.chat(testing.ASK, [testing.ADD_TOOL], temperature=1.0, seed=5)
-        mine = local.score(out.prompt_token_ids, out.completion_token_ids)
-        theirs = remote.score(out.prompt_token_ids, out.completion_token_ids)
+        mine = local.logprobs(out.prompt_token_ids, out.completion_token_ids)
+        theirs = remote.logprobs(out.prompt_token_ids, out.completion_token_ids)
         assert len(theirs) == len(mine)
         assert theirs == pytest.approx(mine, abs=0.05)  # bf16 on the server, fp32 here
         assert shares_vocabulary(remote, models.load_tokenizer(taught_model_dir))
