@@ -206,7 +206,7 @@ def _train(args: argparse.Namespace, policy, config, make_rollout, tasks) -> int
         if fresh and args.demos:
             warm_start(args, trainer, make_rollout, rollout)
         teacher = teacher_of(args, trainer, make_rollout)
-        if teacher is not None:  # the teacher flags are GRPO's; a PPOTrainer has no use_teacher
+        if teacher is not None:  # the teacher flags are GRPO's (`teaching_kwargs` refuses them with PPO)
             cast(fb.GRPOTrainer, trainer).use_teacher(teacher)
         if fresh and not args.no_probe:
             report = trainer.probe(rollout, tasks, kind_key=args.kind_key, require_kind=False)
@@ -276,8 +276,8 @@ def teaching_kwargs(args: argparse.Namespace) -> dict:
     import forge_bridge as fb
 
     wants = args.guide or args.distill_beta or args.relabel_weight
-    if wants and args.algo != "grpo":
-        raise InvalidArgument("--guide, --distill-beta and --relabel-weight are GRPO's (--algo grpo)")
+    if (wants or args.teacher) and args.algo != "grpo":
+        raise InvalidArgument("--teacher, --guide, --distill-beta and --relabel-weight are GRPO's (--algo grpo)")
     if (args.distill_beta or args.relabel_weight or args.guide == "teacher") and not args.teacher:
         raise InvalidArgument("--distill-beta, --relabel-weight and --guide teacher need --teacher")
     if args.guide == "demonstrations" and not args.demos and not args.resume:

@@ -230,6 +230,8 @@ def test_train_from_the_command_line_with_a_teacher_adapter(taught_model_dir, ad
              str(taught_model_dir), "--group-size", "2", "--out", str(out), "--no-probe", "--iterations", "1"]
     assert main(["train", *agent, "--distill-beta", "0.1"]) == 1
     assert "need --teacher" in capsys.readouterr().err
+    assert main(["train", *agent, "--algo", "ppo", "--teacher", str(adapter_dirs["v1"])]) == 1  # before anything runs
+    assert "--teacher, --guide, --distill-beta and --relabel-weight are GRPO's" in capsys.readouterr().err
     assert main(["train", *agent, "--teacher", str(adapter_dirs["v1"]), "--guide", "teacher", "--guide-k", "1",
                  "--distill-beta", "0.1", "--relabel-weight", "1"]) == 0
     (m,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"iteration"' in line]
