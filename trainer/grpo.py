@@ -212,13 +212,13 @@ class GRPOTrainer(Trainer):
         samples: list[Sample] = []
         stats: dict = {}
         self.step_teacher = {}
-        teacher = self.teacher.policy if self.teacher is not None else None
         if self.config.distill_beta > 0:
-            assert teacher is not None  # check_teacher refuses distill_beta without a teacher policy
-            self.step_teacher, failed = teaching.teacher_logprobs(teacher, trajectories)
+            assert self.teacher is not None and self.teacher.policy is not None  # check_teacher refuses it otherwise
+            self.step_teacher, failed = teaching.teacher_logprobs(self.teacher.policy, trajectories)
             stats["distill_unscored_steps"] = failed
         if self.config.relabel_weight > 0:
-            assert teacher is not None  # and relabel_weight too
+            assert self.teacher is not None and self.teacher.policy is not None  # and relabel_weight too
+            teacher = self.teacher.policy
             acting = teaching.acting_policy(teacher, self.tokenizer, getattr(self.policy, "tool_format", "auto"))
             samples, relabelled = teaching.relabel_samples(acting, trajectories, self.config.rollout.success_threshold,
                                                           self.config.max_seq_len, self.config.rollout.concurrency)

@@ -75,11 +75,12 @@ BUILTIN_ERRORS = {"Exception", "ValueError", "TypeError", "RuntimeError", "KeyEr
                   "NotImplementedError", "OSError", "IndexError", "AttributeError"}
 RAISED_AND_CAUGHT_INSIDE = {("adapters/crewai.py", "KeyError"), ("forge_bridge/core/atomic.py", "OSError"),
                             ("forge_bridge/scale/__init__.py", "AttributeError"),
+                            ("trainer/config.py", "AttributeError"),
                             ("forge_bridge/policies/call_spans.py", "ValueError")}
 """Raised and handled where they are raised (a tool run's error result; the fallback when the
 file system has no atomic exchange; a malformed call whose argument spans are not found), never
-out of the library; and the AttributeError a module's lazy `__getattr__` must raise for a name it
-does not have (Python's protocol)."""
+out of the library; and the AttributeError a module's lazy `__getattr__`, or a trainer config's
+`__getattr__` for the flat names, must raise for a name it does not have (Python's protocol)."""
 
 
 def test_every_error_the_library_raises_is_a_forge_bridge_error():

@@ -93,8 +93,9 @@ def test_the_warm_start_takes_the_same_steps_within_the_budget(tmp_path):
         if budget is not None:
             trainer.learner.chunker = partial(chunk_by_budget, estimate=MemoryEstimate(0.0, GiB / (2 * 14), 0.0),
                                               budget_gb=1.0)
-            score = trainer.learner.score
-            trainer.learner.score = lambda batch, *a, **k: rows.append(len(batch["input_ids"])) or score(batch, *a, **k)
+            logprobs = trainer.learner.logprobs
+            trainer.learner.logprobs = lambda batch, *a, **k: rows.append(len(batch["input_ids"])) or logprobs(
+                batch, *a, **k)
         fb.sft(trainer, demos, fb.SFTConfig(epochs=2, batch_size=8, publish=False))
         weights.append({n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n})
     assert rows and max(rows) == 2 and len(rows) == 2 * 3  # 3 microbatches in each of the 2 steps
