@@ -185,7 +185,7 @@ class Guidance:
 
     def __post_init__(self) -> None:
         check(number(self.below) and 0 <= self.below <= 1, "below", "a success rate in [0, 1]", self.below)
-        check(isinstance(self.k, int) and not isinstance(self.k, bool) and self.k >= 1, "k", "an int >= 1", self.k)
+        check(count(self.k, 1), "k", "an int >= 1", self.k)
         check(self.source in ("demonstrations", "teacher"), "source", "'demonstrations' or 'teacher'", self.source)
         check(number(self.shaping) and self.shaping > 0, "shaping", "a number > 0", self.shaping)
 
@@ -285,12 +285,10 @@ class SFTConfig:
     """Publish the result to the live policy as version '<run>-sft'."""
 
     def __post_init__(self) -> None:
-        check(isinstance(self.epochs, int) and not isinstance(self.epochs, bool) and self.epochs >= 1,
-               "epochs", "an int >= 1", self.epochs)
+        check(count(self.epochs, 1), "epochs", "an int >= 1", self.epochs)
         check(number(self.lr) and self.lr > 0, "lr", "a number > 0", self.lr)
-        check(self.batch_size is None or (isinstance(self.batch_size, int) and not isinstance(
-            self.batch_size, bool) and self.batch_size >= 1), "batch_size", "an int >= 1 or None",
-            self.batch_size)
+        check(self.batch_size is None or count(self.batch_size, 1), "batch_size", "an int >= 1 or None",
+              self.batch_size)
         check(isinstance(self.publish, bool), "publish", "a bool", self.publish)
 
 

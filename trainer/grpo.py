@@ -212,13 +212,14 @@ class GRPOTrainer(Trainer):
         samples: list[Sample] = []
         stats: dict = {}
         self.step_teacher = {}
+        if self.config.distill_beta <= 0 and self.config.relabel_weight <= 0:
+            return samples, stats
+        assert self.teacher is not None and self.teacher.policy is not None  # check_teacher refuses it otherwise
+        teacher = self.teacher.policy
         if self.config.distill_beta > 0:
-            assert self.teacher is not None and self.teacher.policy is not None  # check_teacher refuses it otherwise
-            self.step_teacher, failed = teaching.teacher_logprobs(self.teacher.policy, trajectories)
+            self.step_teacher, failed = teaching.teacher_logprobs(teacher, trajectories)
             stats["distill_unscored_steps"] = failed
         if self.config.relabel_weight > 0:
-            assert self.teacher is not None and self.teacher.policy is not None  # and relabel_weight too
-            teacher = self.teacher.policy
             acting = teaching.acting_policy(teacher, self.tokenizer, getattr(self.policy, "tool_format", "auto"))
             samples, relabelled = teaching.relabel_samples(acting, trajectories, self.config.rollout.success_threshold,
                                                           self.config.max_seq_len, self.config.rollout.concurrency)

@@ -133,10 +133,15 @@ class Trainer:
                 ) -> tuple[list[TrajectoryGroup], dict]:
         """Iteration `it`'s rollouts of these (task id, task) pairs, as trainable groups: on
         threads here, or on the runner's workers (which reach the policy this trainer publishes to)."""
-        return rollouts.collect(rollout, tasks, it, recorder=self.recorder, run_id=self.run_id,
-                                group_size=self.config.rollout.group_size, concurrency=self.config.rollout.concurrency,
-                                success_threshold=self.config.rollout.success_threshold,
-                                progress=self.config.run.progress, policy=self.policy, seed=self.config.run.seed)
+        before = prefill_counts(self.policy)
+        groups, stats = rollouts.collect(
+            rollout, tasks, it, recorder=self.recorder, run_id=self.run_id, group_size=self.config.rollout.group_size,
+            concurrency=self.config.rollout.concurrency, success_threshold=self.config.rollout.success_threshold,
+            progress=self.config.run.progress, policy=self.policy, seed=self.config.run.seed)
+        after = prefill_counts(self.policy)
+        if before and after:
+            stats |= {f"prefill_{key}": after[key] - before[key] for key in after}
+        return groups, stats
 
     def tasks_for(self, tasks: Sequence[Any] | TaskSchedule, it: int) -> list[tuple[str, Any]]:
         """Iteration `it`'s (task id, task) pairs (`rollouts.tasks_for`)."""
@@ -353,3 +358,13 @@ def check_served(role: str | None, slot: str, trajectories: Sequence[Trajectory]
 
 
 __all__ = ["Trainer", "check_served", "role_slots"]
+
+
+def prefill_counts(policy: Any) -> dict[str, int] | None:
+    """The embedded policy's prompt tokens so far: fed through the model (`tokens`), copied from
+    a request beside them with the same prompt (`shared_tokens`), and covered by a finished call's
+    KV (`reused_tokens`); None for a policy that does not count them (vLLM, a Ray host)."""
+    names = {"tokens": "prefilled_tokens", "shared_tokens": "shared_tokens", "reused_tokens": "reused_tokens"}
+    if not all(isinstance(getattr(type(policy), name, None), property) for name in names.values()):
+        return None
+    return {key: int(getattr(policy, name)) for key, name in names.items()}

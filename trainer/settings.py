@@ -196,7 +196,7 @@ class RunConfig:
         check(isinstance(self.name, str) and self.name.replace("-", "").replace("_", "").isalnum(),
                "run_name", "letters, digits, - and _", self.name)
         check(isinstance(self.out_dir, (str, os.PathLike)), "out_dir", "a folder path", self.out_dir)
-        check(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", "an int", self.seed)
+        check(count(self.seed, 0), "seed", "an int >= 0", self.seed)
         check(isinstance(self.progress, bool), "progress", "a bool", self.progress)
 
 

@@ -8,6 +8,9 @@ A row leaves as soon as it ends. Each row keeps its own position ids, sampling s
 generator and adapter (peft's mixed-adapter batches), so a row decodes the same tokens whether
 it ran alone or joined a batch mid-flight (up to the float rounding of padded attention).
 
+A GRPO group's rollouts start together with the same prompt: it is prefilled once, and each
+row gets a copy of its KV.
+
 The next call of an episode usually extends the last one (the same conversation plus a reply
 and a tool result): `PrefixCache` keeps the KV of finished calls, and a call whose prompt starts
 with the same tokens (under the same adapter) prefills only the rest.
@@ -112,6 +115,10 @@ class Decoder:
         self.prefixes = prefixes
         self.reused_tokens = 0
         """Prompt tokens not prefilled because a finished call's KV covered them."""
+        self.prefilled_tokens = 0
+        """Prompt tokens fed through the model in prefill passes."""
+        self.shared_tokens = 0
+        """Prompt tokens not prefilled because a request prefilled beside them had the same prompt."""
         self.joinable = True
         """Whether rows can join mid-flight: plain growing caches only (no sliding windows)."""
         self.rows: list[Row] = []
@@ -145,26 +152,44 @@ class Decoder:
 
     def _prefill(self, rows: list[Row], pasts: list[tuple[int, list]] | None = None) -> list[Row]:
         """One forward pass over the rows' prompts (with `pasts`, each row's first `reused`
-        tokens come from that cached KV and only the rest is fed)."""
+        tokens come from that cached KV and only the rest is fed). Rows with the same prompt
+        under the same adapter (a GRPO group's rollouts, starting together) are fed once: their
+        KV and next-token logits are copied to each, and each samples with its own generator."""
         import torch
 
-        n = len(rows)
-        if pasts is None:
-            width = max(len(r.request.prompt) for r in rows)
+        slots: dict[tuple, int] = {}  # (adapter, prompt) -> its place among the rows fed
+        index = [slots.setdefault((row.request.adapter, tuple(row.request.prompt)), len(slots)) for row in rows]
+        firsts: dict[int, int] = {}
+        for i, slot in enumerate(index):
+            firsts.setdefault(slot, i)
+        fed = [rows[i] for i in firsts.values()]  # in slot order
+        fed_pasts = None if pasts is None else [pasts[i] for i in firsts.values()]
+        reused = [r for r, _ in pasts] if pasts else [0] * len(rows)
+        new = [len(row.request.prompt) - r for row, r in zip(rows, reused)]
+        self.prefilled_tokens += sum(new[i] for i in firsts.values())
+        self.shared_tokens += sum(new) - sum(new[i] for i in firsts.values())
+        self.reused_tokens += sum(reused)
+        n = len(fed)
+        if fed_pasts is None:
+            width = max(len(r.request.prompt) for r in fed)
             ids = torch.full((n, width), self.pad_id, dtype=torch.long)
             mask = torch.zeros((n, width), dtype=torch.long)
-            for i, row in enumerate(rows):  # left padding: every row's last prompt token at the end
+            for i, row in enumerate(fed):  # left padding: every row's last prompt token at the end
                 prompt = row.request.prompt
                 ids[i, width - len(prompt):] = torch.tensor(prompt)
                 mask[i, width - len(prompt):] = 1
             ids, mask = ids.to(self.device), mask.to(self.device)
             positions, cache = (mask.cumsum(-1) - 1).clamp(min=0), None
         else:
-            ids, mask, positions, cache = self._resume(rows, pasts)
+            ids, mask, positions, cache = self._resume(fed, fed_pasts)
         for row in rows:
             row.position = len(row.request.prompt)
-        logits, cache = self._forward(ids, mask, positions, cache, rows)
+        logits, cache = self._forward(ids, mask, positions, cache, fed)
         self.prefills += 1
+        if n < len(rows):  # one copy of the shared prompt's KV and logits per row
+            copies = torch.tensor(index, device=self.device)
+            logits, mask = logits[copies], mask[copies]
+            cache.batch_select_indices(copies)
         self._sample(rows, logits)
         self._keep_prefixes(rows, cache, mask)
         live = [i for i, row in enumerate(rows) if not row.done]
@@ -190,7 +215,6 @@ class Decoder:
             positions[i, S - len(rest):] = torch.arange(reused, reused + len(rest))
             mask[i, R - reused:R] = 1
             mask[i, R + S - len(rest):] = 1
-            self.reused_tokens += reused
         layers = []
         for k in range(len(pasts[0][1])):  # per layer: [n, heads, R, dim], each row right-aligned
             keys, values = [], []

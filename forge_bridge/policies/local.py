@@ -306,6 +306,17 @@ class LocalPolicy(Policy):
         """Prompt tokens the running batch did not prefill: a finished call's KV covered them."""
         return self._running.reused_tokens
 
+    @property
+    def prefilled_tokens(self) -> int:
+        """Prompt tokens the running batch fed through the model in prefill passes."""
+        return self._running.prefilled_tokens
+
+    @property
+    def shared_tokens(self) -> int:
+        """Prompt tokens the running batch did not prefill: a request beside them had the same
+        prompt (a GRPO group's rollouts), and its KV was copied."""
+        return self._running.shared_tokens
+
     def _generate(self, batch: list[_Request]) -> list[PolicyOutput]:
         """Decode `batch` to the end in a batch of its own (callers go through the worker)."""
         decoder = self._decoder()

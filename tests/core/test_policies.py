@@ -513,6 +513,45 @@ def test_calls_extending_different_finished_calls_prefill_together_and_decode_as
         assert same(done[0], alone(again.prompt))
 
 
+def test_a_groups_shared_prompt_is_prefilled_once_and_each_row_samples_as_if_prefilled_alone():
+    """A GRPO group's rollouts start together with one prompt: it is fed through the model once
+    and its KV copied to each row; each row still samples with its own seed, and decodes the same
+    tokens and logprobs as with every row prefilled on its own (one row per prompt, no sharing)."""
+    from concurrent.futures import Future
+
+    from forge_bridge.policies.base import Sampling
+    from forge_bridge.policies.local import _Request
+
+    with LocalPolicy(*models.tiny(seed=5), dtype="float32") as policy:
+        shared = policy.encode([{"role": "user", "content": "Count to three."}])
+        other = policy.encode([{"role": "user", "content": "Hi."}])
+        prompts = [shared] * 6 + [other] * 2
+
+        def requests():
+            return [_Request(list(p), Sampling(temperature=1.0, max_tokens=8, seed=100 + k), None, Future())
+                    for k, p in enumerate(prompts)]
+
+        def decode(decoder, batch):
+            done = []
+            for part in batch:
+                done += decoder.admit(part)
+            while decoder.rows:
+                done += decoder.step()
+            rows = {id(row.request): row for row in done}
+            return [rows[id(r)] for r in sum(batch, [])]
+
+        together = policy._decoder()
+        rows = decode(together, [requests()])
+        assert together.prefills == 1
+        assert together.prefilled_tokens == len(shared) + len(other)  # each distinct prompt fed once
+        assert together.shared_tokens == 5 * len(shared) + len(other)
+        separate = [decode(policy._decoder(), [[r]])[0] for r in requests()]  # one prefill per row
+        for row, alone in zip(rows, separate):
+            assert row.tokens == alone.tokens
+            assert row.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+        assert len({tuple(row.tokens) for row in rows[:6]}) > 1  # the copies sampled apart, by seed
+
+
 def test_versions_of_one_shape_reuse_lora_slots_and_serve_exactly_their_weights(taught_model_dir, adapter_dirs, tmp_path):
     """A swap copies weights into a pooled slot: each version still answers with its own
     weights (as a fresh policy loading only it does), a retired version's slot is reused, and

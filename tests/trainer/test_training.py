@@ -136,3 +136,22 @@ def test_bad_trainer_input_is_a_clear_error(choice_model_dir, tmp_path):
     failed = trainer.recorder.store.trajectories(status="failed")
     assert len(failed) == 2 and all("finite number" in t.end_detail for t in failed)
     assert trainer.iteration == 0
+
+
+def test_an_iterations_prompt_tokens_are_each_prefilled_once_shared_or_reused(choice_model_dir, tmp_path):
+    """Every prompt token of an iteration's calls is fed through the model, copied from a call
+    beside it with the same prompt (the group's rollouts start together), or covered by a
+    finished call's KV; the metrics count each, and the group's first prompt is fed once."""
+    # a long wait gathers the group's four first calls into one prefill, however busy the machine
+    policy = fb.LocalPolicy(choice_model_dir, batch_wait_s=1.0)
+    trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(group_size=4, concurrency=4, out_dir=str(tmp_path / "run"),
+                                                   run_name="prefill", progress=False))
+    (metrics,) = trainer.train(training_task.make_rollout(training_task.agent_for(policy)), training_task.TASKS,
+                               iterations=1)
+    steps = [s for t in trainer.recorder.store.trajectories(run_id=trainer.run_id) for s in t.transitions]
+    fed, shared, reused = (metrics[k] for k in ("prefill_tokens", "prefill_shared_tokens", "prefill_reused_tokens"))
+    assert fed + shared + reused == sum(len(s.prompt_token_ids) for s in steps)
+    first = len(steps[0].prompt_token_ids)  # every rollout's first call asks the same
+    assert shared >= 3 * first, (fed, shared, reused, first)
+    trainer.close()
+    policy.close()
