@@ -96,3 +96,28 @@ def quick_demo(taught_model_dir, tmp_path_factory):
                            "--model", str(taught_model_dir), "--out", str(out)],
                           capture_output=True, text=True, timeout=900)
     return out, proc
+
+
+class Learning:
+    """What a test that asserts learning runs with: its seed (FB_LEARNING_SEED, else 0), and
+    where it notes the quantity its threshold is on (FB_LEARNING_LOG, a JSON-lines file), so that
+    `bench/margins.py` can rerun it over 20 seeds and measure the spread its margin must clear."""
+
+    def __init__(self, test: str) -> None:
+        self.test = test
+        self.seed = int(os.environ.get("FB_LEARNING_SEED", "0"))
+
+    def note(self, before: float, after: float, threshold: float) -> None:
+        """Note a measured gain (`after - before`) and the least gain the test accepts."""
+        path = os.environ.get("FB_LEARNING_LOG")
+        if path:
+            import json
+
+            with open(path, "a") as log:
+                log.write(json.dumps({"test": self.test, "seed": self.seed, "before": before, "after": after,
+                                      "threshold": threshold}) + "\n")
+
+
+@pytest.fixture
+def learning(request) -> Learning:
+    return Learning(request.node.nodeid)

@@ -51,17 +51,18 @@ def success_rate(rollout, n: int = 96) -> float:
     return sum(rollout(training_task.TASKS[0]) for _ in range(n)) / n
 
 
-def test_grpo_on_two_ray_workers_fills_every_group_records_versions_and_learns(host, choice_dir, tmp_path):
+def test_grpo_on_two_ray_workers_fills_every_group_records_versions_and_learns(host, choice_dir, tmp_path, learning):
     in_driver = ray_tasks.choice_rollout(host)  # the same agent, built here on the host's client
     before = success_rate(in_driver)
     config = fb.GRPOConfig(group_size=8, lr=1e-3, epochs=2, lora_rank=8, lora_alpha=16, out_dir=str(tmp_path / "run"),
-                           run_name="ray", progress=False, seed=0)
+                           run_name="ray", progress=False, seed=learning.seed)
     trainer = fb.GRPOTrainer(host, config, model=choice_dir)
     with RayRollouts(ray_tasks.choice_rollout, num_workers=2) as rollouts:
         history = trainer.train(rollouts, ray_tasks.TASKS, iterations=16)
         assert len(rollouts.workers) == 2 and rollouts.lost_workers == 0
     after = success_rate(in_driver)
     print(f"ray: success {before:.2f} -> {after:.2f}; rewards {[round(h['reward_mean'], 2) for h in history]}")
+    learning.note(before, after, 0.15)
     assert after >= before + 0.15, (before, after)
 
     trajectories = trainer.recorder.store.trajectories(run_id=trainer.run_id)

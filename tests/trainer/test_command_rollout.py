@@ -19,11 +19,11 @@ import training_task
 AGENT = str(Path(__file__).with_name("openai_agent.py"))
 
 
-def first_moves(policy, n: int = 64) -> dict[str, float]:
+def first_moves(policy, seed: int = 0, n: int = 64) -> dict[str, float]:
     """How often the policy's first move, sampled at T=1 (seeded), calls `add`, calls another
     tool, answers 5 straight away (unbacked by a tool: the agent's reward pays 0), or says anything else."""
     outs = [policy.chat(testing.ASK, training_task.TOOLS, temperature=1.0,
-                        max_tokens=48, seed=1000 + i) for i in range(n)]
+                        max_tokens=48, seed=1000 + n * seed + i) for i in range(n)]
     kinds = ["add" if o.action.tool_calls and o.action.tool_calls[0].name == "add" else
              "other tool" if o.action.tool_calls else "answers 5" if "5" in (o.action.content or "") else
              "other" for o in outs]
@@ -35,20 +35,21 @@ def choice_model_dir(tmp_path_factory):
     return training_task.choice_model(tmp_path_factory.mktemp("choice") / "model")
 
 
-def test_grpo_trains_an_agent_process_through_the_gateway(choice_model_dir, tmp_path):
-    torch.manual_seed(0)
+def test_grpo_trains_an_agent_process_through_the_gateway(choice_model_dir, tmp_path, learning):
+    torch.manual_seed(learning.seed)
     policy = fb.LocalPolicy(choice_model_dir)
-    before = first_moves(policy)
+    before = first_moves(policy, learning.seed)
     # two processes at a time: most of a process's second is its Python and SDK import, which then
     # overlap (170 -> 100 s on 2026-12-06); each call samples with its own seed, and the run came out
     # the same as one process at a time, on two runs (a call that joins another's batch may round apart)
     config = fb.GRPOConfig(group_size=8, lr=3e-3, epochs=2, lora_rank=8, lora_alpha=16, concurrency=2,
-                           out_dir=str(tmp_path / "run"), run_name="proc", progress=False, seed=0)
+                           out_dir=str(tmp_path / "run"), run_name="proc", progress=False, seed=learning.seed)
     trainer = fb.GRPOTrainer(policy, config)
     with CommandRollout([sys.executable, AGENT, "{task_json}"], policy, timeout_s=120) as rollout:
         history = trainer.train(rollout, training_task.TASKS, iterations=10)
-    after = first_moves(policy)
+    after = first_moves(policy, learning.seed)
     print(f"first moves {before} -> {after}; rewards {[round(h['reward_mean'], 2) for h in history]}")
+    learning.note(before["add"], after["add"], 0.15)
     assert after["add"] >= before["add"] + 0.15, (before, after)
     stored = trainer.recorder.store.trajectories(run_id=trainer.run_id)
     # every process's episode, each trained on: a finished task, or a call so malformed that the
