@@ -26,6 +26,7 @@ import torch
 from forge_bridge.core.episode import Recorder
 from forge_bridge.core.errors import InvalidArgument, InvalidState, Unsupported, WrongType
 from forge_bridge.core.types import Trajectory, TrajectoryGroup
+from forge_bridge.policies import machine
 from forge_bridge.policies.base import DEFAULT_SLOT, Policy
 from forge_bridge.trainer import distributed, rollouts
 from forge_bridge.trainer.batch import Sample
@@ -133,14 +134,14 @@ class Trainer:
                 ) -> tuple[list[TrajectoryGroup], dict]:
         """Iteration `it`'s rollouts of these (task id, task) pairs, as trainable groups: on
         threads here, or on the runner's workers (which reach the policy this trainer publishes to)."""
-        before = prefill_counts(self.policy)
+        before = self.policy.decoding_counts()
         groups, stats = rollouts.collect(
             rollout, tasks, it, recorder=self.recorder, run_id=self.run_id, group_size=self.config.rollout.group_size,
             concurrency=self.config.rollout.concurrency, success_threshold=self.config.rollout.success_threshold,
             progress=self.config.run.progress, policy=self.policy, seed=self.config.run.seed)
-        after = prefill_counts(self.policy)
+        after = self.policy.decoding_counts()
         if before and after:
-            stats |= {f"prefill_{key}": after[key] - before[key] for key in after}
+            stats |= machine.decoding_rates(self.policy, before, after)
         return groups, stats
 
     def tasks_for(self, tasks: Sequence[Any] | TaskSchedule, it: int) -> list[tuple[str, Any]]:
@@ -359,12 +360,3 @@ def check_served(role: str | None, slot: str, trajectories: Sequence[Trajectory]
 
 __all__ = ["Trainer", "check_served", "role_slots"]
 
-
-def prefill_counts(policy: Any) -> dict[str, int] | None:
-    """The embedded policy's prompt tokens so far: fed through the model (`tokens`), copied from
-    a request beside them with the same prompt (`shared_tokens`), and covered by a finished call's
-    KV (`reused_tokens`); None for a policy that does not count them (vLLM, a Ray host)."""
-    names = {"tokens": "prefilled_tokens", "shared_tokens": "shared_tokens", "reused_tokens": "reused_tokens"}
-    if not all(isinstance(getattr(type(policy), name, None), property) for name in names.values()):
-        return None
-    return {key: int(getattr(policy, name)) for key, name in names.items()}

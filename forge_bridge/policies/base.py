@@ -404,6 +404,12 @@ class Policy(abc.ABC):
                 if version is not None:
                     self._published.add(version)
 
+    def decoding_counts(self) -> dict[str, float] | None:
+        """Running totals of the policy's own decoding (tokens and seconds, prefill and decode),
+        for the rates an iteration logs (`machine.decoding_rates`); None where the model is
+        served elsewhere (vLLM, a Ray host): its server counts them."""
+        return None
+
     def close(self) -> None:
         """Release the model or connections."""
 

@@ -23,6 +23,7 @@ fed, and its position.
 from __future__ import annotations
 
 import os
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -109,8 +110,11 @@ class Decoder:
 
     def __init__(self, model_for: Callable[[], Any], *, device: str, pad_id: int, eos_id: int,
                  max_context: int, uses_adapters: Callable[[], bool], prefixes: PrefixCache | None = None,
-                 adapter_name: Callable[[str | None], str | None] = lambda version: version) -> None:
+                 adapter_name: Callable[[str | None], str | None] = lambda version: version,
+                 share_prefill: bool = True) -> None:
         self.model_for, self.uses_adapters, self.adapter_name = model_for, uses_adapters, adapter_name
+        self.share_prefill = share_prefill
+        """Whether requests admitted together with the same prompt and adapter are fed once."""
         self.device, self.pad_id, self.eos_id, self.max_context = device, pad_id, eos_id, max_context
         self.prefixes = prefixes
         self.reused_tokens = 0
@@ -119,6 +123,12 @@ class Decoder:
         """Prompt tokens fed through the model in prefill passes."""
         self.shared_tokens = 0
         """Prompt tokens not prefilled because a request prefilled beside them had the same prompt."""
+        self.prefill_s = 0.0
+        """Seconds spent in prefill passes."""
+        self.decoded_tokens = 0
+        """Tokens fed in decode steps (one per running row per step)."""
+        self.decode_s = 0.0
+        """Seconds spent in decode steps."""
         self.joinable = True
         """Whether rows can join mid-flight: plain growing caches only (no sliding windows)."""
         self.rows: list[Row] = []
@@ -157,8 +167,9 @@ class Decoder:
         KV and next-token logits are copied to each, and each samples with its own generator."""
         import torch
 
-        slots: dict[tuple, int] = {}  # (adapter, prompt) -> its place among the rows fed
-        index = [slots.setdefault((row.request.adapter, tuple(row.request.prompt)), len(slots)) for row in rows]
+        slots: dict[Any, int] = {}  # (adapter, prompt) -> its place among the rows fed
+        index = [slots.setdefault((row.request.adapter, tuple(row.request.prompt)) if self.share_prefill else k,
+                                  len(slots)) for k, row in enumerate(rows)]
         firsts: dict[int, int] = {}
         for i, slot in enumerate(index):
             firsts.setdefault(slot, i)
@@ -184,7 +195,9 @@ class Decoder:
             ids, mask, positions, cache = self._resume(fed, fed_pasts)
         for row in rows:
             row.position = len(row.request.prompt)
+        start = time.perf_counter()
         logits, cache = self._forward(ids, mask, positions, cache, fed)
+        self.prefill_s += time.perf_counter() - start
         self.prefills += 1
         if n < len(rows):  # one copy of the shared prompt's KV and logits per row
             copies = torch.tensor(index, device=self.device)
@@ -286,7 +299,10 @@ class Decoder:
         ids = torch.tensor([[row.tokens[-1]] for row in self.rows], device=self.device)
         positions = torch.tensor([[row.position] for row in self.rows], device=self.device)
         mask = torch.cat([self.mask, torch.ones((len(self.rows), 1), dtype=torch.long, device=self.device)], 1)
+        start = time.perf_counter()
         logits, self.cache = self._forward(ids, mask, positions, self.cache, self.rows)
+        self.decode_s += time.perf_counter() - start
+        self.decoded_tokens += len(self.rows)
         self.mask = mask
         self.steps += 1
         for row in self.rows:

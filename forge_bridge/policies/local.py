@@ -86,8 +86,8 @@ class LocalPolicy(Policy):
     def __init__(self, model: Any = "smollm2-135m-instruct", tokenizer: Any = None, *,
                  dtype: str = "auto", device: str = "auto", tool_format: str = "auto",
                  max_batch: int = 8, batch_wait_s: float = 0.01, prefix_cache_tokens: int = 16384,
-                 continuous_batching: bool = True, threads: int | None = None, keep_versions: int = 3,
-                 adapter_roots: Any = None) -> None:
+                 continuous_batching: bool = True, share_prefill: bool = True, threads: int | None = None,
+                 keep_versions: int = 3, adapter_roots: Any = None) -> None:
         """`device`: 'auto' (CUDA, then MPS, then CPU), or one by name. `dtype` 'auto': bf16
         where the device computes it fast, else fp32. `tool_format`: 'auto' reads tool calls in
         every format a model writes them (`toolcalls.FORMATS`); a named one reads only that one.
@@ -95,6 +95,9 @@ class LocalPolicy(Policy):
         kept for the next call that extends one (the next step of an episode), and as many of
         scored sequences for the next `score` that starts alike; 0: none.
         `continuous_batching=False`: a call waits for the running batch to end (for comparison).
+        `share_prefill`: calls admitted together with the same prompt under the same version (a
+        GRPO group's rollouts) feed it once and each gets a copy of its KV; False: each is
+        prefilled on its own (for comparison).
         `threads`: CPU threads of the decoding worker's ops (None: all but one of torch's, so
         the agents' own Python -- tools, templates, the framework -- keeps a core: on 2 cores
         with 20 LangChain agents, 1 thread made rollouts 30% faster than 2, whose parallel
@@ -127,6 +130,7 @@ class LocalPolicy(Policy):
         self._pool = AdapterPool(spare=keep_versions + 1)
         """LoRA buffers reused across versions of one shape: a swap copies weights (`adapter_pool`)."""
         self.continuous_batching = bool(continuous_batching)
+        self.share_prefill = bool(share_prefill)
         self.dtype = getattr(torch, dtype)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.tokenizer = tokenizer
@@ -216,7 +220,7 @@ class LocalPolicy(Policy):
         return Decoder(lambda: self._peft if self._peft is not None else self.model, device=self.device,
                        pad_id=self.pad_id, eos_id=self.eos_id, max_context=self.max_context,
                        uses_adapters=lambda: self._peft is not None, prefixes=prefixes,
-                       adapter_name=self._pool.name_of)
+                       adapter_name=self._pool.name_of, share_prefill=self.share_prefill)
 
     def _take(self, running: bool, room: int) -> tuple[list[_Request], bool]:
         """Requests to admit now, and whether close() was called. Idle, it waits for one and
@@ -306,16 +310,24 @@ class LocalPolicy(Policy):
         """Prompt tokens the running batch did not prefill: a finished call's KV covered them."""
         return self._running.reused_tokens
 
-    @property
-    def prefilled_tokens(self) -> int:
-        """Prompt tokens the running batch fed through the model in prefill passes."""
-        return self._running.prefilled_tokens
+    def decoding_counts(self) -> dict[str, float] | None:
+        """What the running batch has done so far: prompt tokens fed through the model
+        (`prefill_tokens`), copied from a request beside them with the same prompt (a GRPO
+        group's rollouts: `prefill_shared_tokens`) or covered by a finished call's KV
+        (`prefill_reused_tokens`), seconds in prefill passes (`prefill_s`), tokens fed in decode
+        steps (`decode_tokens`) and their seconds (`decode_s`)."""
+        d = self._running
+        return {"prefill_tokens": d.prefilled_tokens, "prefill_shared_tokens": d.shared_tokens,
+                "prefill_reused_tokens": d.reused_tokens, "prefill_s": d.prefill_s,
+                "decode_tokens": d.decoded_tokens, "decode_s": d.decode_s}
 
-    @property
-    def shared_tokens(self) -> int:
-        """Prompt tokens the running batch did not prefill: a request beside them had the same
-        prompt (a GRPO group's rollouts), and its KV was copied."""
-        return self._running.shared_tokens
+    def matmul_flops_per_token(self, *, decode: bool) -> float:
+        """Matmul FLOPs of one token through the model's weights (attention over the context
+        aside): twice the body's weights, and the output head's too in decoding (a prefill
+        computes logits at a prompt's last position only)."""
+        body = sum(p.numel() for n, p in self.model.named_parameters() if "embed" not in n and "lm_head" not in n)
+        head = self.model.get_output_embeddings().weight.numel() if decode else 0
+        return 2.0 * (body + head)
 
     def _generate(self, batch: list[_Request]) -> list[PolicyOutput]:
         """Decode `batch` to the end in a batch of its own (callers go through the worker)."""

@@ -546,6 +546,10 @@ def test_a_groups_shared_prompt_is_prefilled_once_and_each_row_samples_as_if_pre
         assert together.prefilled_tokens == len(shared) + len(other)  # each distinct prompt fed once
         assert together.shared_tokens == 5 * len(shared) + len(other)
         separate = [decode(policy._decoder(), [[r]])[0] for r in requests()]  # one prefill per row
+        unshared = policy._decoder()
+        unshared.share_prefill = False  # LocalPolicy(share_prefill=False): each row fed, in one pass
+        assert [row.tokens for row in decode(unshared, [requests()])] == [row.tokens for row in rows]
+        assert unshared.prefilled_tokens == 6 * len(shared) + 2 * len(other) and unshared.shared_tokens == 0
         for row, alone in zip(rows, separate):
             assert row.tokens == alone.tokens
             assert row.logprobs == pytest.approx(alone.logprobs, abs=1e-4)

@@ -155,5 +155,9 @@ def test_an_iterations_prompt_tokens_are_each_prefilled_once_shared_or_reused(ch
     assert fed + shared + reused == sum(len(s.prompt_token_ids) for s in steps)
     first = len(steps[0].prompt_token_ids)  # every rollout's first call asks the same
     assert shared >= 3 * first, (fed, shared, reused, first)
+    # where the time went: the rates and their share of the machine's measured matmul rate
+    assert metrics["matmul_gflops"] > 0 and metrics["decode_tokens"] > 0
+    assert metrics["prefill_tokens_per_s"] > 0 and metrics["decode_tokens_per_s"] > 0
+    assert 0 < metrics["decode_share_of_limit"] < metrics["prefill_share_of_limit"]  # decoding is bound by memory
     trainer.close()
     policy.close()

@@ -18,7 +18,10 @@ from forge_bridge.app.inspector.data import Filters, RunView, Step, first_diverg
 from forge_bridge.core.types import BEHAVIOURS, STATUSES, Action
 
 CURVES = (("reward", ("reward_mean",)), ("success rate", ("success_rate",)), ("KL to the reference", ("kl",)),
-          ("clip fraction", ("clip_fraction",)), ("entropy", ("entropy",)), ("trained tokens / s", ("tokens_per_s",)))
+          ("clip fraction", ("clip_fraction",)), ("entropy", ("entropy",)), ("trained tokens / s", ("tokens_per_s",)),
+          ("seconds: rollouts, update, publish", ("time_rollout_s", "time_update_s", "time_publish_s")),
+          ("sampling tokens / s: prefill, decode", ("prefill_tokens_per_s", "decode_tokens_per_s")),
+          ("share of the matmul limit: prefill, decode", ("prefill_share_of_limit", "decode_share_of_limit")))
 COLOURINGS = ("logprob", "trained", "advantage", "teacher")
 PER_PAGE = 50
 

