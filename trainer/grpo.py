@@ -191,10 +191,10 @@ class GRPOTrainer(Trainer):
         check_teacher(teacher, self.config, self.tokenizer)
         self.teacher = teacher
 
-    def train(self, rollout, tasks, iterations, *, resume=False):
+    def train(self, rollout, tasks, iterations, *, resume=False, **validation):
         if not self.follower:  # the leader collects; a follower has no teacher to check
             check_teacher(self.teacher, self.config, self.tokenizer)  # before any rollout: nothing runs without one
-        return super().train(rollout, tasks, iterations, resume=resume)
+        return super().train(rollout, tasks, iterations, resume=resume, **validation)
 
     def collect(self, rollout, tasks, it):
         """The policy's own rollouts (the metrics are theirs alone), then guides for the groups it failed."""

@@ -34,6 +34,7 @@ from forge_bridge.trainer.config import TrainerConfig
 from forge_bridge.trainer.learner import Heads, Learner, Reference, plan
 from forge_bridge.trainer.rollouts import Rollout, TaskSchedule
 from forge_bridge.trainer.run import WARM_START, Publisher, RunFolder, summary_line
+from forge_bridge.trainer.validation import Best, Validating, Validation, serve_best
 
 if TYPE_CHECKING:
     from forge_bridge.trainer.probe import ProbeReport
@@ -77,6 +78,8 @@ class Trainer:
         self.step_advantages: dict[tuple[str, int], float] = {}
         """(trajectory id, step) -> the advantage this iteration gave it (`record_credit`)."""
         self.step_teacher: dict[tuple[str, int], list[float]] = {}
+        self.validating: Validating | None = None
+        """Validation inside training, while `train(validation=...)` runs."""
         """(trajectory id, step) -> the teacher's log-probabilities of its tokens (distillation)."""
 
     # ------------------------------------------------------------------ what an algorithm supplies
@@ -98,17 +101,24 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def train(self, rollout: Rollout | rollouts.EpisodeRunner, tasks: Sequence[Any] | TaskSchedule,
-              iterations: int, *, resume: bool = False) -> list[dict]:
+              iterations: int, *, resume: bool = False, validation: Sequence[Any] | Validation | None = None,
+              eval_every: int = 1, patience: int | None = None, margin: float = 0.0) -> list[dict]:
         """Run iterations until `iterations` in all have been done (counting resumed ones).
 
         `tasks`: the training tasks (`tasks_per_iteration` of them are drawn each iteration), or
         a schedule `iteration -> tasks` that picks each iteration's tasks itself (a curriculum,
-        or one task of each kind so no kind is starved). In a job of several processes the
-        leader runs the loop and the others take their share of each update."""
-        return self.ranks.run(lambda: self._loop(rollout, tasks, iterations, resume), self.follow_update)
+        or one task of each kind so no kind is starved). `validation`: tasks the policy runs
+        greedily at the start and every `eval_every` iterations; training stops after
+        `patience` evaluations without a gain (by more than `margin`), and ends serving the best
+        version on them, never one below the start (`trainer/validation.py`). In a job of
+        several processes the leader runs the loop and the others take their share of each
+        update."""
+        spec = None if validation is None else validation if isinstance(validation, Validation) else Validation(
+            tuple(validation), every=eval_every, patience=patience, margin=margin)
+        return self.ranks.run(lambda: self._loop(rollout, tasks, iterations, resume, spec), self.follow_update)
 
     def _loop(self, rollout: Rollout | rollouts.EpisodeRunner, tasks: Sequence[Any] | TaskSchedule,
-              iterations: int, resume: bool) -> list[dict]:
+              iterations: int, resume: bool, validation: Validation | None) -> list[dict]:
         from tqdm.auto import tqdm
 
         if not callable(rollout) and not isinstance(rollout, rollouts.EpisodeRunner):
@@ -122,12 +132,49 @@ class Trainer:
             self.resume()
         else:
             self.run.refuse_to_overwrite()
+        if validation is not None:
+            kept = self.run.resumed_state.get("validation") if resume else None
+            self.validating = Validating(rollout, validation, Best.from_state(kept) if kept else Best(), iterations)
+            if not self.validating.best.scores:  # the start, scored first: the best is never below it
+                self.run.log.log_event("validation", self.validate(self.iteration))
         bar = tqdm(range(self.iteration, iterations), desc="training", unit="it",
                    disable=not self.config.run.progress, initial=self.iteration, total=iterations)
         for it in bar:
             metrics = self.run_iteration(rollout, tasks, it)
             bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", success=f"{metrics['success_rate']:.2f}")
+            v = self.validating
+            if v is not None and v.best.out_of_patience(v.spec.patience):
+                self.say(f"stopping after iteration {it + 1}: {v.spec.patience} validations without a gain")
+                break
+        if self.validating is not None:
+            self.end_validation()
         return self.history
+
+    def validate(self, iteration: int) -> dict:
+        """Run the validation tasks greedily on the versions served now; their metrics."""
+        v = self.validating
+        assert v is not None
+        report = self.probe(v.rollout, v.spec.tasks, name=f"val-{iteration}", greedy=True, kind_key=v.spec.kind_key,
+                            require_kind=False)
+        served = {slot: self.policy.current(slot) for slot in self.publisher.slots}
+        gain = v.best.observe(iteration, report.success_rate, served, v.spec.margin)
+        kinds = {k: x for k, x in report.metrics("val").items() if k.startswith("val/success/")}
+        return {"val/success": report.success_rate, **kinds, "val/gain": gain, "val/best_iteration": v.best.best}
+
+    def end_validation(self) -> None:
+        """Serve the best version on validation, and say which and why."""
+        v = self.validating
+        assert v is not None and v.best.best is not None
+        best = v.best.best
+        served = serve_best(self.policy, v.best, lambda n, slot: (
+            self.publisher.path(n, slot) if n and self.publisher.path(n, slot).is_dir() else None))
+        start = min(v.best.scores)
+        why = (f"the best on validation ({v.best.scores[best]:.0%}, against {v.best.scores[start]:.0%} at the start)"
+               if best != start else f"no later version beat the start on validation ({v.best.scores[start]:.0%})")
+        self.run.log.log_event("best_on_validation", {"iteration": best, "versions": served,
+                                                       "success": v.best.scores[best], "scores": v.best.scores})
+        self.say(f"serving {served.get(DEFAULT_SLOT)} (iteration {best}): {why}")
+        self.validating = None
 
     # ------------------------------------------------------------------ the steps a recipe names
     def collect(self, rollout: Rollout | rollouts.EpisodeRunner, tasks: list[tuple[str, Any]], it: int
@@ -182,8 +229,14 @@ class Trainer:
         return self.publisher.publish(self.learner.model, n, full["weights"] if full else None)
 
     def end_iteration(self, metrics: dict) -> None:
-        """Log the iteration, checkpoint it, and tell the person watching."""
-        self.run.end_iteration(metrics, self.learner, self.resumable_state(), self.ranks.full_state())
+        """Validate the iteration when it is due, log it, checkpoint it, and tell the person watching."""
+        state = self.resumable_state()
+        v = self.validating
+        if v is not None:
+            if v.spec.due(metrics["iteration"], v.last):
+                metrics.update(self.validate(metrics["iteration"]))
+            state = {**state, "validation": v.best.state()}
+        self.run.end_iteration(metrics, self.learner, state, self.ranks.full_state())
         self.say(summary_line(metrics))
 
     def record_credit(self, groups: list[TrajectoryGroup], trained: dict[tuple[str, int], int], iteration: int) -> None:

@@ -66,6 +66,8 @@ class RunFolder:
         """Draws the tasks' order and the minibatches; checkpointed."""
         self.iteration = 0
         """Iterations done (resumed ones included)."""
+        self.resumed_state: dict = {}
+        """What the checkpoint a resume restored held besides the weights (its `state`)."""
 
     def refuse_to_overwrite(self) -> None:
         """A folder that held a run before, trained again without `resume`: refused."""
@@ -103,6 +105,7 @@ class RunFolder:
         if path is not None:
             check(json.loads((path / "state.json").read_text()), path)
         state = None if path is None else load_checkpoint(path, learner.model, learner.optimizers, learner.heads)
+        self.resumed_state = state or {}
         done = 0 if state is None else state["iteration"]
         store = self.recorder.store
         interrupted = [t.id for t in store.iter(run_id=self.run_id)

@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=2048, help="with --vllm: the server's context")
     add_warm_start_flags(p, required=False)
     p.add_argument("--no-probe", action="store_true", help="skip the signal probe before the first iteration")
+    p.add_argument("--validation", help="module:name of tasks run greedily at the start and every --eval-every "
+                   "iterations; the run ends serving the best version on them, never one below the start")
+    p.add_argument("--eval-every", type=int, default=1, help="with --validation: iterations between evaluations")
+    p.add_argument("--patience", type=int, help="with --validation: stop after this many evaluations without a gain")
     add_teacher_flags(p)
     from forge_bridge.trainer.config import TrainerConfig
 

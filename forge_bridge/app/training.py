@@ -194,6 +194,7 @@ def _train(args: argparse.Namespace, policy, config, make_rollout, tasks) -> int
     import forge_bridge as fb
     from forge_bridge.core.errors import RunExistsError
 
+    validation = _tasks(args.validation) if args.validation else None  # a bad name fails before anything runs
     trainer = (fb.GRPOTrainer if args.algo == "grpo" else fb.PPOTrainer)(policy, config, model=args.model)
     if make_rollout is not None:
         rollout = make_rollout(policy)
@@ -212,7 +213,8 @@ def _train(args: argparse.Namespace, policy, config, make_rollout, tasks) -> int
             report = trainer.probe(rollout, tasks, kind_key=args.kind_key, require_kind=False)
             print(f"signal probe ({report.group_size} rollouts of each of the {len(tasks)} tasks):\n{report}")
             trainer.run.log.log_event("probe", report.metrics())
-        history = trainer.train(rollout, tasks, args.iterations, resume=args.resume)
+        history = trainer.train(rollout, tasks, args.iterations, resume=args.resume, validation=validation,
+                                eval_every=args.eval_every, patience=args.patience)
     except RunExistsError as exc:
         print(f"forge-bridge train: {exc}", file=sys.stderr)
         return 2

@@ -311,6 +311,12 @@ def succeeded(reward: float | None, threshold: float = 1.0) -> bool:
     return (reward or 0.0) >= threshold
 
 
+def prefers(score: float, other: float, margin: float = 0.0) -> bool:
+    """The one rule of "is it better", which the promotion gate and validation inside training
+    share: `score` beats `other` by more than `margin`."""
+    return score > other + margin
+
+
 def success_rate(rewards: Iterable[float | None], threshold: float = 1.0) -> float:
     """The share of `rewards` that `succeeded`; 0.0 for none."""
     rewards = list(rewards)
@@ -394,5 +400,5 @@ class Feedback:
 
 
 __all__ = ["BEHAVIOURS", "END_REASONS", "SCHEMA_VERSION", "STATUSES", "STATUS_OF_END", "TRAINABLE_ENDS", "Action", "Feedback", "Observation",
-           "StepCredit", "succeeded", "success_rate", "ToolCall", "Trajectory", "TrajectoryGroup", "TrajectoryRow", "Transition",
+           "StepCredit", "prefers", "succeeded", "success_rate", "ToolCall", "Trajectory", "TrajectoryGroup", "TrajectoryRow", "Transition",
            "group_trajectories", "new_id"]

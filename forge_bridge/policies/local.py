@@ -94,10 +94,8 @@ class LocalPolicy(Policy):
         `max_batch`: most calls decoding at once. `prefix_cache_tokens`: KV of finished calls
         kept for the next call that extends one (the next step of an episode), and as many of
         scored sequences for the next `score` that starts alike; 0: none.
-        `continuous_batching=False`: a call waits for the running batch to end (for comparison).
-        `share_prefill`: calls admitted together with the same prompt under the same version (a
-        GRPO group's rollouts) feed it once and each gets a copy of its KV; False: each is
-        prefilled on its own (for comparison).
+        `continuous_batching=False`: a call waits for the running batch to end; `share_prefill=False`:
+        calls with one prompt (a group's rollouts) are each prefilled, not fed once (for comparison).
         `threads`: CPU threads of the decoding worker's ops (None: all but one of torch's, so
         the agents' own Python -- tools, templates, the framework -- keeps a core: on 2 cores
         with 20 LangChain agents, 1 thread made rollouts 30% faster than 2, whose parallel
@@ -129,8 +127,7 @@ class LocalPolicy(Policy):
         """KV of scored sequences, for the next `score` that starts alike (`scoring`)."""
         self._pool = AdapterPool(spare=keep_versions + 1)
         """LoRA buffers reused across versions of one shape: a swap copies weights (`adapter_pool`)."""
-        self.continuous_batching = bool(continuous_batching)
-        self.share_prefill = bool(share_prefill)
+        self.continuous_batching, self.share_prefill = bool(continuous_batching), bool(share_prefill)
         self.dtype = getattr(torch, dtype)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.tokenizer = tokenizer

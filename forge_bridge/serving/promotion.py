@@ -33,7 +33,7 @@ from typing import Callable
 from forge_bridge.core.actions import Observation
 from forge_bridge.core.errors import InvalidArgument, InvalidState, WrongType
 from forge_bridge.core.store import TrajectoryStore
-from forge_bridge.core.types import Trajectory, Transition
+from forge_bridge.core.types import Trajectory, Transition, prefers
 from forge_bridge.policies.base import DEFAULT_SLOT, Policy, PolicyOutput
 
 CANDIDATE = "candidate"
@@ -109,7 +109,7 @@ class Promotion:
             raise
         detail = {"candidate": candidate_score, "serving": serving_score, "serving_version": serving,
                   "margin": self.gate.margin}
-        if candidate_score >= serving_score - self.gate.margin:
+        if not prefers(serving_score, candidate_score, self.gate.margin):  # not worse by more than the margin
             self.policy.promote(version, CANDIDATE, self.slot)
             with self._lock:
                 self.promoted, self.previous = version, serving
