@@ -66,6 +66,14 @@ class BatchStats:
     too_long: int = 0
     """Samples whose completion the cut left nothing of: left out, and counted here."""
     untrainable_steps: int = 0
+    continuing: dict[str, list[int]] = field(default_factory=dict)
+    """Front end (a step's `info['source']`) -> [later steps whose prompt continues the step
+    before's prompt and completion token for token, later steps]: where merging can apply."""
+
+    def metrics(self) -> dict[str, float]:
+        """`batch_<field>` for the counts, and `merge_share/<front end>` for `continuing`."""
+        counts = {f"batch_{k}": v for k, v in vars(self).items() if k != "continuing"}
+        return counts | {f"merge_share/{source}": c / n for source, (c, n) in self.continuing.items() if n}
 
 
 def cut_to(sample: Sample, max_len: int, stats: BatchStats) -> bool:
@@ -108,6 +116,7 @@ def build_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Seque
     stats = BatchStats()
     for i, traj in enumerate(trajectories):
         current: Sample | None = None
+        count_continuing(traj, stats.continuing)
         for s, step in enumerate(traj.transitions):
             if not step.has_tokens or len(step.completion_logprobs) != len(step.completion_token_ids):
                 stats.untrainable_steps += 1
@@ -144,6 +153,17 @@ def build_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Seque
     stats.samples = len(kept)
     stats.trained_tokens = sum(sum(s.loss_mask) for s in kept)
     return kept, stats
+
+
+def count_continuing(traj: Trajectory, counts: dict[str, list[int]]) -> None:
+    """Add the trajectory's later steps to `counts` (`BatchStats.continuing`), by front end."""
+    steps = traj.transitions
+    for before, step in zip(steps, steps[1:]):
+        if before.has_tokens and step.has_tokens:
+            seen = before.prompt_token_ids + before.completion_token_ids
+            c = counts.setdefault(str(step.info.get("source", "unknown")), [0, 0])
+            c[0] += step.prompt_token_ids[:len(seen)] == seen
+            c[1] += 1
 
 
 def trained_tokens_per_step(samples: Sequence[Sample]) -> dict[tuple[str, int], int]:

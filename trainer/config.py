@@ -110,7 +110,13 @@ class TrainerConfig(metaclass=_Nested):
     max_seq_len: int = 1024
     """Longest training sequence; longer ones are truncated and counted."""
     merge_steps: bool = False
-    """Merge consecutive calls whose prompt extends the previous sequence into one sample."""
+    """Train consecutive calls whose prompt continues the previous call's prompt and completion
+    token for token as one sequence (each step's advantage on its own tokens, the tool results in
+    between untrained): a minibatch's loss and gradients are those of one sequence per call, for
+    the history encoded once (`test_merged_steps_give_the_per_step_loss_and_gradients_for_fewer_tokens`).
+    Off by default because minibatches and SFT batches count sequences, so merging also changes
+    how many optimizer steps an iteration takes (the demo sets it; `merge_share/<front end>` logs
+    where it would apply)."""
     skip_uniform_groups: bool | None = None
     """GRPO with the group baseline: leave out groups whose every advantage is 0 and whose span
     rewards do not differ (no signal against their own group). None: skip them only without a KL

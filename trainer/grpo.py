@@ -132,7 +132,7 @@ class GRPOTrainer(Trainer):
                 self.record_credit(mine, trained_tokens_per_step(samples), it + 1)
                 stats |= self.update(samples) if samples else {}  # epochs x minibatches: forward, objective, step
             trained_tokens += batch.trained_tokens
-            stats |= {f"batch_{k}": v for k, v in vars(batch).items()}
+            stats |= batch.metrics()
             metrics |= stats if len(self.learner.slots) == 1 else {f"{slot}/{k}": v for k, v in stats.items()}
         t2 = time.perf_counter()
         versions = self.publish_all(it + 1)  # the live policy serves v(it + 1) from its next call

@@ -107,7 +107,7 @@ class PPOTrainer(Trainer):
         t2 = time.perf_counter()
         version = self.publish(it + 1)  # the live policy serves v(it + 1) from its next call
         metrics = self.timed({"iteration": it + 1, "adapter": version, **metrics, "value_mean": value_mean,
-                              **{f"batch_{k}": v for k, v in vars(batch).items()}, **stats},
+                              **batch.metrics(), **stats},
                              t0, t1, t2, batch.trained_tokens)
         self.end_iteration(metrics)  # metrics.jsonl, TensorBoard, a checkpoint
         return metrics

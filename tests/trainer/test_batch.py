@@ -100,3 +100,60 @@ def test_span_rewards_reach_their_tokens_through_merging_and_the_length_cut():
     assert both.advantages == pytest.approx([0, 0, 1.0, 1.0, 0, 1.6, 0.2, 0.3])
     with pytest.raises(ForgeBridgeError, match="2 for a step of 3 completion tokens"):
         build_samples([traj], [[1.0, [0.1, 0.2]]], 64)
+
+
+def test_merged_steps_give_the_per_step_loss_and_gradients_for_fewer_tokens():
+    """Ten model calls of one episode, each prompt the last prompt + its completion + a tool
+    result: merged into one sequence, the objective and every LoRA gradient are those of ten
+    per-step sequences (causal attention: a token sees the same tokens either way), for far fewer
+    tokens through the model. Each step keeps its own advantage on its own tokens; tool results
+    are not trained on. A step the front end re-serialised is its own sample and is counted."""
+    from peft import LoraConfig, get_peft_model
+
+    from forge_bridge.policies import models
+    from forge_bridge.trainer.logprobs import token_logprobs
+    from forge_bridge.trainer.losses import policy_objective
+    from forge_bridge.trainer.settings import LossConfig
+
+    g = torch.Generator().manual_seed(0)
+    ids = lambda n: torch.randint(5, 200, (n,), generator=g).tolist()  # noqa: E731
+    prompt, steps = ids(40), []
+    for k in range(10):
+        completion = ids(6 + k % 3)
+        steps.append(step(prompt, completion, (-torch.rand(len(completion), generator=g)).tolist()))
+        steps[-1].info["source"] = "langchain"
+        prompt = prompt + completion + ids(5)  # the tool's result
+    traj = Trajectory(transitions=steps)
+    advantages = [torch.linspace(-1.0, 1.0, 10)]
+    per_step, _ = build_samples([traj], advantages, 4096, merge=False)
+    merged, stats = build_samples([traj], advantages, 4096, merge=True)
+    assert len(per_step) == 10 and len(merged) == 1 and stats.merged_steps == 9
+    assert stats.metrics()["merge_share/langchain"] == 1.0
+    fed = [sum(len(s.input_ids) for s in samples) for samples in (per_step, merged)]
+    assert fed[0] >= 5 * fed[1], fed  # 10 calls: the history once rather than again at every step
+
+    torch.manual_seed(0)
+    model = get_peft_model(models.tiny(seed=3)[0].float(), LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                                                                      target_modules=["q_proj", "v_proj"]))
+
+    def loss_and_grads(samples):
+        model.zero_grad()
+        batch = collate(samples, pad_id=0)
+        logp, _, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+        loss, _ = policy_objective(logp, logp.detach() + 0.01, batch["sampler_logprobs"], batch["advantages"],
+                                   batch["loss_mask"], None, LossConfig(kl_beta=0.0))
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    (loss_a, grads_a), (loss_b, grads_b) = loss_and_grads(per_step), loss_and_grads(merged)
+    assert abs(float(loss_a - loss_b)) < 1e-5 and grads_a.keys() == grads_b.keys() and grads_a
+    for name in grads_a:
+        assert torch.allclose(grads_a[name], grads_b[name], atol=1e-5, rtol=0), name
+
+    history = list(steps[4].prompt_token_ids)
+    history[10] = 4 if history[10] == 3 else 3  # the front end re-serialised the history before call 4
+    steps[4] = step(history, steps[4].completion_token_ids)
+    steps[4].info["source"] = "langchain"
+    again, stats = build_samples([Trajectory(transitions=steps)], advantages, 4096, merge=True)
+    # step 4 starts a sample of its own, and step 5 (which extends the original, not step 4) one more
+    assert len(again) == 3 and stats.metrics()["merge_share/langchain"] == 7 / 9
