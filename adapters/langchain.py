@@ -92,8 +92,8 @@ def to_ai_message(out: PolicyOutput, chunk: bool = False) -> AIMessage | AIMessa
     for err in out.action.parse_errors:
         invalid.append({"name": None, "args": err.get("text"), "id": None,
                         "error": err.get("error"), "type": "invalid_tool_call"})
-    metadata = {"finish_reason": out.finish_reason, "model_name": out.adapter or "base",
-                "adapter": out.adapter, "prompt_token_ids": out.prompt_token_ids,
+    metadata = {"finish_reason": out.finish_reason, "model_name": out.version or "base",
+                "version": out.version, "prompt_token_ids": out.prompt_token_ids,
                 "token_ids": out.completion_token_ids, "logprobs": out.completion_logprobs}
     usage: UsageMetadata = {"input_tokens": len(out.prompt_token_ids),
                             "output_tokens": len(out.completion_token_ids),
@@ -159,7 +159,7 @@ class ForgeChatModel(BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict:
-        return {"policy": type(self.policy).__name__, "adapter": self.policy.current()}
+        return {"policy": type(self.policy).__name__, "version": self.policy.current()}
 
     def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None,
                    **kwargs: Any) -> Runnable[LanguageModelInput, AIMessage]:

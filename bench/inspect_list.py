@@ -44,7 +44,7 @@ def synthesize(path: Path, n: int, seed: int = 0) -> None:
             batch = []
             for i in range(start, min(n, start + 5000)):
                 kind, it = KINDS[i % len(KINDS)], i // (n // 50 or 1) + 1
-                steps = [dataclasses.replace(step, adapter=f"bench-v{it}") for _ in range(2)]
+                steps = [dataclasses.replace(step, version=f"bench-v{it}") for _ in range(2)]
                 batch.append(Trajectory(id=f"t{i:07d}", run_id="bench-run", task_id=f"{kind}-{i % 97}",
                                         group_id=f"bench-run-it{it}-{kind}-{i % 97}", reward=float(rng.random() < 0.4),
                                         metadata={"iteration": it, "kind": kind}, end_reason="terminated",

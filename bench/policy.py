@@ -121,7 +121,7 @@ def swap_latency(policy, adapters: list[Path], prefix: str) -> tuple[list[float]
         out = policy.chat(PROMPT, temperature=0, max_tokens=1)
         firsts.append(time.perf_counter() - t0)
         costs.append(firsts[-1] - before)
-        assert out.adapter == version
+        assert out.version == version
     return loads, firsts, costs
 
 

@@ -116,7 +116,7 @@ def main() -> None:
                                                        out_dir="runs/examples/browser", run_name="browser"))
         for metrics in trainer.train(harness, train_tasks[:2], iterations=args.train):
             print(f"iteration {metrics['iteration']}: reward {metrics['reward_mean']:.2f}, "
-                  f"published {metrics['adapter']}")
+                  f"published {metrics['version']}")
         trainer.close()
     if args.langchain:
         env.close()

@@ -50,7 +50,7 @@ def main() -> None:
         for i, step in enumerate(traj):
             calls = [f"{c.name}({c.arguments})" for c in step.action.tool_calls]
             print(f"  step {i}: {len(step.prompt_token_ids)} prompt + {len(step.completion_token_ids)} "
-                  f"completion tokens, adapter={step.adapter}, calls={calls or '-'}, "
+                  f"completion tokens, version={step.version}, calls={calls or '-'}, "
                   f"text={step.action.content[:60]!r}")
     print("\nstored in runs/examples/langchain.db; export with: forge-bridge export "
           "runs/examples/langchain.db out.jsonl")

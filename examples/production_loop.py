@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> dict:
                 except InvalidArgument as exc:  # nothing to learn from yet
                     print(f"request {k + 1}: {exc}", flush=True)
                     continue
-                promoted = promotion.consider(job["adapter_path"], job["adapter"])
-                print(f"request {k + 1}: trained {job['adapter']} on {job['offline_own']} requests with feedback "
+                promoted = promotion.consider(job["adapter_path"], job["version"])
+                print(f"request {k + 1}: trained {job['version']} on {job['offline_own']} requests with feedback "
                       f"({job['offline_missing_reward']} still waiting); gate: {'promoted' if promoted else 'refused'}; "
                       f"serving {policy.current()}", flush=True)
     trainer.close()

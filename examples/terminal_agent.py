@@ -70,7 +70,7 @@ def main() -> None:
                                                        out_dir="runs/examples/terminal", run_name="terminal"))
         for metrics in trainer.train(harness, TASKS, iterations=args.train):
             print(f"iteration {metrics['iteration']}: reward {metrics['reward_mean']:.2f}, "
-                  f"published {metrics['adapter']}")
+                  f"published {metrics['version']}")
         trainer.close()
     policy.close()
 

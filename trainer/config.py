@@ -8,6 +8,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, is_dataclass, replace
 
+from forge_bridge.core.deprecated import renamed_keyword
 from forge_bridge.trainer.settings import (
     Frozen,
     LoRAConfig,
@@ -298,7 +299,7 @@ class SFTConfig:
         check(isinstance(self.publish, bool), "publish", "a bool", self.publish)
 
 
-WHERE_KEYS = frozenset({"task_id", "group_id", "adapter"})
+WHERE_KEYS = frozenset({"task_id", "group_id", "version"})
 """The store filters `OfflineConfig.where` takes (`TrajectoryStore.iter`'s)."""
 
 
@@ -311,7 +312,7 @@ class OfflineConfig:
     run_id: str | None = None
     """Only episodes of this run id (None: every run in the store)."""
     where: Mapping[str, str] | None = None
-    """More store filters every episode must match: `task_id`, `group_id`, `adapter` (the version that served it)."""
+    """More store filters every episode must match: `task_id`, `group_id`, `version` (the version that served it)."""
     threshold: float = 1.0
     """An episode whose reward is at least this is a good one: its steps are imitated."""
     imitate: bool = True
@@ -326,6 +327,9 @@ class OfflineConfig:
     def __post_init__(self) -> None:
         check(self.since is None or number(self.since), "since", "None or a unix time", self.since)
         check(self.run_id is None or isinstance(self.run_id, str), "run_id", "None or a run id", self.run_id)
+        if isinstance(self.where, Mapping):  # `version`'s old name `adapter` still read, for one release
+            object.__setattr__(self, "where", renamed_keyword("OfflineConfig.where", "adapter", "version",
+                                                              dict(self.where), stacklevel=4))
         check(self.where is None or (isinstance(self.where, Mapping) and set(self.where) <= WHERE_KEYS
                                       and all(isinstance(v, str) for v in self.where.values())),
                "where", f"None or a dict of store filters ({', '.join(sorted(WHERE_KEYS))}) to strings", self.where)

@@ -136,8 +136,8 @@ class GRPOTrainer(Trainer):
             metrics |= stats if len(self.learner.slots) == 1 else {f"{slot}/{k}": v for k, v in stats.items()}
         t2 = time.perf_counter()
         versions = self.publish_all(it + 1)  # the live policy serves v(it + 1) from its next call
-        metrics = self.timed({"iteration": it + 1, "adapter": versions[DEFAULT_SLOT], **{
-            f"adapter_{slot}": v for slot, v in versions.items() if slot != DEFAULT_SLOT}, **metrics},
+        metrics = self.timed({"iteration": it + 1, "version": versions[DEFAULT_SLOT], **{
+            f"version_{slot}": v for slot, v in versions.items() if slot != DEFAULT_SLOT}, **metrics},
             t0, t1, t2, trained_tokens)
         self.end_iteration(metrics)  # metrics.jsonl, TensorBoard, a checkpoint
         return metrics

@@ -119,7 +119,7 @@ def finish(trainer: "Trainer", metrics: dict, publish: bool = True) -> dict:
         trainer.publish(n)
     else:
         save_adapter(trainer.model, path)
-    metrics = {"iteration": n, "adapter": trainer.version_name(n), "adapter_path": str(path), "offline": 1, **metrics}
+    metrics = {"iteration": n, "version": trainer.version_name(n), "adapter_path": str(path), "offline": 1, **metrics}
     trainer.end_iteration(metrics)
     return metrics
 

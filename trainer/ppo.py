@@ -106,7 +106,7 @@ class PPOTrainer(Trainer):
         stats = self.update(samples) if samples else {}  # epochs x minibatches: forward, objective, step
         t2 = time.perf_counter()
         version = self.publish(it + 1)  # the live policy serves v(it + 1) from its next call
-        metrics = self.timed({"iteration": it + 1, "adapter": version, **metrics, "value_mean": value_mean,
+        metrics = self.timed({"iteration": it + 1, "version": version, **metrics, "value_mean": value_mean,
                               **batch.metrics(), **stats},
                              t0, t1, t2, batch.trained_tokens)
         self.end_iteration(metrics)  # metrics.jsonl, TensorBoard, a checkpoint

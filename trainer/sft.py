@@ -79,7 +79,7 @@ def sft(trainer: "Trainer", demonstrations: Sequence[Trajectory], config: SFTCon
                               "ids, by a policy the trainer's tokenizer matches?)")
     result.update(sft_loss_first=losses[0], sft_loss_last=losses[-1], sft_demonstrations=len(trajs))
     if config.publish:
-        result["adapter"] = trainer.publish(WARM_START)
+        result["version"] = trainer.publish(WARM_START)
         trainer.save_checkpoint()  # iteration 0, the warm start's weights: a resumed run starts here
     if before is not None:
         assert rollout is not None and held_out is not None  # before was probed with both

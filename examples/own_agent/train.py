@@ -55,13 +55,13 @@ def main(argv: list[str] | None = None) -> dict:
                "base": warm["held_out_base"], "sft": warm["held_out_sft"],
                "rl": {kind: k.success_rate for kind, k in final.kinds.items()},
                "probe": {kind: [k.successes, k.rollouts] for kind, k in report.kinds.items()},
-               "adapter": policy.current()}
+               "version": policy.current()}
     (Path(args.out) / "results.json").write_text(json.dumps(results, indent=2))
     print("\nheld-out success, greedy:", *(f"  {kind:<8} base {results['base'][kind]:.0%} -> SFT "
                                           f"{results['sft'][kind]:.0%} -> SFT+RL {v:.0%}"
                                           for kind, v in results["rl"].items()), sep="\n")
     # 6. Serve it back: the same model plus the last adapter, behind vLLM's OpenAI API.
-    print(f"\nserve it: forge-bridge serve {args.model} --adapter {args.out}/adapters/{results['adapter']} "
+    print(f"\nserve it: forge-bridge serve {args.model} --adapter {args.out}/adapters/{results['version']} "
           "--adapter-name own\n  then point your agent's ChatOpenAI(base_url=..., model='own') at it")
     return results
 

@@ -234,7 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", help="only this group id")
     p.add_argument("--status", choices=("incomplete", "complete", "failed", "truncated"),
                    help="only trajectories with this status")
-    p.add_argument("--adapter", help="only trajectories with a step from this adapter version")
+    p.add_argument("--version", help="only trajectories with a step served by this adapter version")
+    p.add_argument("--adapter", dest="old_version", help=argparse.SUPPRESS)  # --version's old name, kept for one release
     p.set_defaults(func=commands.cmd_export)
 
     p = sub.add_parser("serve", help="serve a model (and a trained adapter) with vLLM",

@@ -115,9 +115,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"forge-bridge export: no trajectory store at {args.store}", file=sys.stderr)
         return 2
     fmt = args.format or ("parquet" if str(args.out).endswith(".parquet") else "jsonl")
+    if args.old_version is not None:
+        print("forge-bridge export: --adapter (a version) is now --version", file=sys.stderr)
     filters = {k: v for k, v in (("run_id", args.run), ("task_id", args.task),
                                  ("group_id", args.group), ("status", args.status),
-                                 ("adapter", args.adapter)) if v is not None}
+                                 ("version", args.version or args.old_version)) if v is not None}
     with TrajectoryStore(args.store) as store:
         if fmt == "parquet":
             n = exchange.export_parquet(store, args.out, **filters)

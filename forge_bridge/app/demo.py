@@ -228,7 +228,7 @@ class DemoRun:
             return trainer, {"sft_demonstrations": 0}
         warm = sft(trainer, demos, SFTConfig(epochs=config.sft_epochs, lr=config.sft_lr, batch_size=8))
         print(f"  SFT on {warm['sft_demonstrations']} episodes: loss {warm['sft_loss_first']:.3f} -> "
-              f"{warm['sft_loss_last']:.3f}; published {warm['adapter']} to the live agent")
+              f"{warm['sft_loss_last']:.3f}; published {warm['version']} to the live agent")
         if trainer.config.loss.kl_beta > 0:
             trainer.freeze_reference()  # GRPO's KL is to this warm start, not to the base model
         self.timings["demos + SFT"] = time.perf_counter() - t
@@ -324,7 +324,7 @@ class DemoRun:
               f"{' -> '.join(steps) or 'none'}\n  answer: {answer!r} "
               f"({'correct' if check_answer(last, answer) else 'wrong'}; expected {last.answer})")
         summary = {"results": self.results, "validation": self.on_validation, "timings_s": self.timings,
-                   "adapter": policy.current(), "sft": sft, "config": asdict(self.config)}
+                   "version": policy.current(), "sft": sft, "config": asdict(self.config)}
         (out / "results.json").write_text(json.dumps(summary, indent=2))
         policy.close()
         if self.teacher_policy is not None:

@@ -120,7 +120,7 @@ def train_from_store(args: argparse.Namespace) -> int:
         policy.close()
     print(f"learned from {args.from_store}: {metrics['offline_episodes']} episodes, "
           f"{metrics['offline_missing_reward']} without a reward (left out), {metrics['offline_imitated']} imitated, "
-          f"{metrics['offline_own']} of the student's own reinforced; published {metrics['adapter']} in {config.out_dir}")
+          f"{metrics['offline_own']} of the student's own reinforced; published {metrics['version']} in {config.out_dir}")
     return 0
 
 
@@ -269,7 +269,7 @@ def warm_start(args: argparse.Namespace, trainer, make_rollout, rollout) -> dict
     result = fb.sft(trainer, demos, config, rollout=rollout if held_out else None, held_out=held_out,
                     kind_key=args.kind_key)
     print(f"SFT on {len(demos)} demonstrations ({result['sft_samples']} model calls): loss "
-          f"{result['sft_loss_first']:.3f} -> {result['sft_loss_last']:.3f}; published {result.get('adapter')}")
+          f"{result['sft_loss_first']:.3f} -> {result['sft_loss_last']:.3f}; published {result.get('version')}")
     return result
 
 

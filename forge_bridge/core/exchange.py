@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 _COLUMNS = (("trajectory_id", "string"), ("run_id", "string"), ("task_id", "string"), ("group_id", "string"),
             ("status", "string"), ("end_reason", "string"), ("role", "string"), ("excluded", "string"),
-            ("final_reward", "float64"), ("step", "int32"), ("adapter", "string"), ("slot", "string"),
+            ("final_reward", "float64"), ("step", "int32"), ("version", "string"), ("slot", "string"),
             ("reward", "float64"), ("terminated", "bool_"), ("truncated", "bool_"),
             ("prompt_token_ids", "ids"), ("completion_token_ids", "ids"), ("completion_logprobs", "floats"),
             ("observation", "string"), ("action", "string"), ("info", "string"))
@@ -39,7 +39,7 @@ def _row(traj: Trajectory, step: int) -> dict:
     t = traj.transitions[step]
     return {"trajectory_id": traj.id, "run_id": traj.run_id, "task_id": traj.task_id, "group_id": traj.group_id,
             "status": traj.status, "end_reason": traj.end_reason, "role": traj.role, "excluded": traj.excluded,
-            "final_reward": traj.reward, "step": step, "adapter": t.adapter, "slot": t.slot, "reward": t.reward,
+            "final_reward": traj.reward, "step": step, "version": t.version, "slot": t.slot, "reward": t.reward,
             "terminated": t.terminated, "truncated": t.truncated, "prompt_token_ids": t.prompt_token_ids,
             "completion_token_ids": t.completion_token_ids, "completion_logprobs": t.completion_logprobs,
             "observation": json.dumps(t.observation.to_dict()), "action": json.dumps(t.action.to_dict()),

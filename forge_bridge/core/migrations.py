@@ -15,6 +15,10 @@ the step, to be migrated again). What each version changed:
 - 4 -> 5: feedback on episodes, appended as it arrives (`feedback`: a value per key, from a user,
   a reviewer or a judge, hours or days after the episode ended; none before), and the serving
   events (`events`: a candidate adapter promoted or refused, a version rolled back).
+- 5 -> 6: the version that served a step is called `version` (one meaning per word: an adapter
+  is the LoRA files, a version their published name): a step's key `adapter` in the JSON layout
+  and in the store's `transitions.data`, and the column `transitions.adapter` (with its index,
+  `transitions_adapter`, now `transitions_version`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import json
 import sqlite3
 from typing import Callable
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """Version of the store's tables and of the JSON layout `Trajectory.to_dict` writes."""
 
 DDL = """
@@ -42,7 +46,7 @@ CREATE TABLE IF NOT EXISTS trajectories (
 CREATE TABLE IF NOT EXISTS transitions (
     trajectory_id TEXT NOT NULL REFERENCES trajectories(id),
     step INTEGER NOT NULL,
-    adapter TEXT,
+    version TEXT,
     data TEXT NOT NULL,
     PRIMARY KEY (trajectory_id, step)
 );
@@ -78,9 +82,11 @@ CREATE INDEX IF NOT EXISTS trajectories_run ON trajectories(run_id, status);
 CREATE INDEX IF NOT EXISTS trajectories_created ON trajectories(created_at);
 CREATE INDEX IF NOT EXISTS trajectories_task ON trajectories(task_id);
 CREATE INDEX IF NOT EXISTS trajectories_group ON trajectories(group_id);
-CREATE INDEX IF NOT EXISTS transitions_adapter ON transitions(adapter);
 """
 """The current tables (`IF NOT EXISTS`: run on every open, it adds what an older store lacks)."""
+
+INDEXES = ("CREATE INDEX IF NOT EXISTS transitions_version ON transitions(version)",)
+"""Indexes on columns an older store has only once migrated: made after `migrate_store`, on every open."""
 
 _OUTAGE_ERRORS = ("PolicyError", "PolicyUnavailable", "PolicyResponseError")
 _V1_COLUMNS = ("end_reason", "end_detail", "role", "excluded")
@@ -130,7 +136,23 @@ def _json_2_to_3(data: dict) -> dict:
     return data  # a step without `slot` reads as None
 
 
-_JSON_STEPS: dict[int, Callable[[dict], dict]] = {1: _json_1_to_2, 2: _json_2_to_3, 3: _json_2_to_3, 4: _json_2_to_3}
+def v5_step(step: dict) -> dict:
+    """A step dict of version 5 or older in the current layout (its `adapter` is `version`); one
+    of the current layout, or holding both keys (left for the reader to refuse), unchanged."""
+    if "adapter" not in step or "version" in step:
+        return step
+    return {("version" if k == "adapter" else k): v for k, v in step.items()}
+
+
+def _json_5_to_6(data: dict) -> dict:
+    steps = data.get("transitions") or []
+    if isinstance(steps, list):
+        steps = [v5_step(s) if isinstance(s, dict) else s for s in steps]
+    return {**data, "transitions": steps}
+
+
+_JSON_STEPS: dict[int, Callable[[dict], dict]] = {1: _json_1_to_2, 2: _json_2_to_3, 3: _json_2_to_3, 4: _json_2_to_3,
+                                                  5: _json_5_to_6}
 """3 -> 4 is a no-op too (a trajectory without `behaviour` reads as the policy's own), and so is
 4 -> 5 (feedback lives beside trajectories, not in them)."""
 
@@ -181,8 +203,18 @@ def _store_4_to_5(db: sqlite3.Connection) -> None:
     """Nothing to rewrite: the feedback table (DDL) starts empty."""
 
 
+def _store_5_to_6(db: sqlite3.Connection) -> None:
+    """The column `adapter` renamed `version` (its old index dropped: INDEXES makes the new one)
+    and each stored step's key the same; what is renamed already (a migration run twice) is left."""
+    if "adapter" in {r[1] for r in db.execute("PRAGMA table_info(transitions)")}:
+        db.execute("ALTER TABLE transitions RENAME COLUMN adapter TO version")  # SQLite 3.25+
+    db.execute("DROP INDEX IF EXISTS transitions_adapter")
+    db.execute("UPDATE transitions SET data = json_remove(json_set(data, '$.version', json_extract(data, '$.adapter')), "
+               "'$.adapter') WHERE json_type(data, '$.adapter') IS NOT NULL AND json_type(data, '$.version') IS NULL")
+
+
 _STORE_STEPS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _store_1_to_2, 2: _store_2_to_3, 3: _store_3_to_4,
-                                                                4: _store_4_to_5}
+                                                                4: _store_4_to_5, 5: _store_5_to_6}
 
 
 def stored_version(db: sqlite3.Connection) -> int | None:
@@ -208,9 +240,10 @@ def migrate_store(db: sqlite3.Connection, version: int) -> None:
         version += 1
 
 
-READABLE_AS_IS = (2, 3, 4, 5)
+READABLE_AS_IS = (2, 3, 4, 5, 6)
 """Versions whose rows read as the current ones without rewriting (a read-only store opens them;
-the columns a version lacks read as their defaults: `TrajectoryStore` checks which exist)."""
+the columns a version lacks read as their defaults: `TrajectoryStore` checks which exist; a step
+of version 5 or older reads through `v5_step`, its column `adapter` as `version`)."""
 
 
 def readable(version: int | None) -> bool:
@@ -218,5 +251,5 @@ def readable(version: int | None) -> bool:
     return version == SCHEMA_VERSION or version in _STORE_STEPS
 
 
-__all__ = ["DDL", "READABLE_AS_IS", "SCHEMA_VERSION", "migrate_json", "migrate_store", "readable", "stored_version", "v1_head",
-           "v1_steps"]
+__all__ = ["DDL", "INDEXES", "READABLE_AS_IS", "SCHEMA_VERSION", "migrate_json", "migrate_store", "readable",
+           "stored_version", "v1_head", "v1_steps", "v5_step"]

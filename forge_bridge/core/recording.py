@@ -133,7 +133,7 @@ def transition_of(out: PolicyOutput, messages: list[dict], tools: list[dict] | N
     end's metadata)."""
     return Transition(observation=Observation(messages=messages, tools=tools), action=out.action,
                       prompt_token_ids=out.prompt_token_ids, completion_token_ids=out.completion_token_ids,
-                      completion_logprobs=out.completion_logprobs, adapter=out.adapter, slot=out.slot,
+                      completion_logprobs=out.completion_logprobs, version=out.version, slot=out.slot,
                       temperature=out.temperature, info={"latency_s": round(out.latency_s, 4), **out.info, **info})
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from forge_bridge.core import migrations, validate
+from forge_bridge.core.deprecated import renamed_argument, renamed_keyword
 from forge_bridge.core.store_views import SORTS, StoreViews, TrajectoryQuery, trajectory_of
 from forge_bridge.core.errors import NotFound, SchemaError, StoreError, WrongType
 from forge_bridge.core.types import (END_REASONS, STATUS_OF_END, Feedback, StepCredit, Trajectory,
@@ -48,12 +49,13 @@ class TrajectoryStore(StoreViews):
                                  "(any TrajectoryStore(path)) to migrate it, then read it" if migrations.readable(version)
                                  else f"{self.path} is not a forge-bridge trajectory store this version reads")
             have = {t: {r[1] for r in self._db.execute(f"PRAGMA table_info({t})")}
-                    for t in ("trajectories", "credit", "feedback", "events")}
+                    for t in ("trajectories", "transitions", "credit", "feedback", "events")}
             self._has_credit, self._has_feedback = bool(have["credit"]), bool(have["feedback"])
             self._has_events = bool(have["events"])
             typed = "behaviour" in have["trajectories"]  # an older store read-only: newer columns read as defaults
             self._head, self._own = (_READ_HEAD, _OWN) if typed else (_READ_HEAD.replace("behaviour", "NULL"), "1")
             self._teacher = "teacher_logprobs" if "teacher_logprobs" in have["credit"] else "NULL"
+            self._version = "version" if "version" in have["transitions"] else "adapter"  # its name until version 6
         except (sqlite3.Error, OSError) as exc:
             if readonly:
                 raise StoreError(f"{self.path} is not a forge-bridge trajectory store: {exc}") from None
@@ -87,6 +89,8 @@ class TrajectoryStore(StoreViews):
                              (str(migrations.SCHEMA_VERSION),))
         else:
             migrations.migrate_store(self._db, version)
+        for sql in migrations.INDEXES:
+            self._db.execute(sql)
 
     # ------------------------------------------------------------------ writing
     def _write(self, what: str, statements: Iterable[tuple[str, tuple]]) -> list[Any]:
@@ -128,7 +132,7 @@ class TrajectoryStore(StoreViews):
     @staticmethod
     def _insert_step(trajectory_id: str, step: int, t: Transition) -> tuple[str, tuple]:
         return ("INSERT INTO transitions VALUES (?,?,?,?)",
-                (trajectory_id, step, t.adapter, json.dumps(t.to_dict(), allow_nan=False)))
+                (trajectory_id, step, t.version, json.dumps(t.to_dict(), allow_nan=False)))
 
     def append(self, trajectory_id: str, transition: Transition) -> int:
         """Store the next step of an open trajectory and return its index."""
@@ -137,16 +141,16 @@ class TrajectoryStore(StoreViews):
         (row,) = self._write(f"appending a step to {trajectory_id}", [(
             "INSERT INTO transitions SELECT ?, COALESCE(MAX(step) + 1, 0), ?, ? "
             "FROM transitions WHERE trajectory_id = ? RETURNING step",
-            (trajectory_id, transition.adapter, json.dumps(transition.to_dict(), allow_nan=False),
+            (trajectory_id, transition.version, json.dumps(transition.to_dict(), allow_nan=False),
              trajectory_id))])
         return row[0]
 
     def update_step(self, trajectory_id: str, step: int, transition: Transition) -> None:
         """Rewrite a stored step, e.g. once the tool results it asked for have arrived."""
         (row,) = self._write(f"updating step {step} of {trajectory_id}", [(
-            "UPDATE transitions SET adapter = ?, data = ? WHERE trajectory_id = ? AND step = ? "
+            "UPDATE transitions SET version = ?, data = ? WHERE trajectory_id = ? AND step = ? "
             "RETURNING step",
-            (transition.adapter, json.dumps(transition.to_dict(), allow_nan=False), trajectory_id,
+            (transition.version, json.dumps(transition.to_dict(), allow_nan=False), trajectory_id,
              step))])
         if row is None:
             raise StoreError(f"trajectory {trajectory_id} has no step {step}")
@@ -201,7 +205,7 @@ class TrajectoryStore(StoreViews):
 
     # ------------------------------------------------------------------ reading
     def _select_ids(self, *, run_id: str | None = None, task_id: str | None = None, group_id: str | None = None,
-                    status: str | Iterable[str] | None = None, adapter: str | None = None,
+                    status: str | Iterable[str] | None = None, version: str | None = None,
                     since: float | None = None) -> list[str]:
         where: list[str] = []
         args: list[Any] = []
@@ -216,9 +220,9 @@ class TrajectoryStore(StoreViews):
             statuses = [status] if isinstance(status, str) else list(status)
             where.append(f"status IN ({','.join('?' * len(statuses))})")
             args += statuses
-        if adapter is not None:
-            where.append("id IN (SELECT trajectory_id FROM transitions WHERE adapter = ?)")
-            args.append(adapter)
+        if version is not None:
+            where.append(f"id IN (SELECT trajectory_id FROM transitions WHERE {self._version} = ?)")
+            args.append(version)
         sql = "SELECT id FROM trajectories" + (" WHERE " + " AND ".join(where) if where else "")
         with self._lock:
             return [r[0] for r in self._db.execute(sql + " ORDER BY created_at, id", args)]
@@ -234,24 +238,31 @@ class TrajectoryStore(StoreViews):
         return trajectory_of(head, [Transition.from_dict(json.loads(s[0])) for s in steps])
 
     def iter(self, *, run_id: str | None = None, task_id: str | None = None, group_id: str | None = None,
-             status: str | Iterable[str] | None = None, adapter: str | None = None,
-             since: float | None = None) -> Iterator[Trajectory]:
-        """Trajectories matching every filter given (`since`: recorded at or after that unix
-        time), oldest first, loaded one at a time."""
-        for tid in self._select_ids(run_id=run_id, task_id=task_id, group_id=group_id, status=status, adapter=adapter,
-                                    since=since):
+             status: str | Iterable[str] | None = None, version: str | None = None,
+             since: float | None = None, adapter: str | None = None) -> Iterator[Trajectory]:
+        """Trajectories matching every filter given (`version`: one of its steps served by that
+        version; `since`: recorded at or after that unix time), oldest first, loaded one at a time.
+        `adapter`: `version`'s deprecated name."""
+        version = renamed_argument("TrajectoryStore filter", "adapter", "version", adapter, version)
+        return self._load(run_id=run_id, task_id=task_id, group_id=group_id, status=status, version=version,
+                          since=since)
+
+    def _load(self, **filters: Any) -> Iterator[Trajectory]:
+        for tid in self._select_ids(**filters):
             yield self.get(tid)
 
     def trajectories(self, **filters: Any) -> list[Trajectory]:
-        return list(self.iter(**filters))
+        """`iter`'s trajectories, as a list."""
+        return list(self.iter(**renamed_keyword("TrajectoryStore filter", "adapter", "version", filters)))
 
     def count(self, **filters: Any) -> int:
-        return len(self._select_ids(**filters))
+        """How many trajectories match `iter`'s filters."""
+        return len(self._select_ids(**renamed_keyword("TrajectoryStore filter", "adapter", "version", filters)))
 
     def groups(self, **filters: Any) -> list[TrajectoryGroup]:
         """Trajectories that share a group id (and role), as GRPO groups (ungrouped ones are left
         out)."""
-        return group_trajectories(self.iter(**filters))
+        return group_trajectories(self.iter(**renamed_keyword("TrajectoryStore filter", "adapter", "version", filters)))
 
     # ------------------------------------------------------------------ feedback
     def add_feedback(self, feedback: Feedback) -> Feedback:

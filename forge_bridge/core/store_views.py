@@ -22,10 +22,12 @@ SORTS = {"created": "created_at", "reward": "reward", "task": "task_id", "status
 
 class StoreViews:
     """What the inspector reads; the store supplies `_query` (one read under its lock), `_head`
-    (the trajectory columns this store has) and `_own` (the policy's own trajectories)."""
+    (the trajectory columns this store has), `_own` (the policy's own trajectories) and `_version`
+    (the column of the version that served a step, in this store's schema)."""
 
     _head: str
     _own: str
+    _version: str
 
     def _query(self, sql: str, args: tuple | list = ()) -> list[tuple]:
         raise NotImplementedError
@@ -38,8 +40,8 @@ class StoreViews:
         rows = self._query(f"SELECT {self._head}, {_ITERATION}, {_KIND} FROM trajectories{where} ORDER BY "
                            f"{SORTS[query.sort]} {query.order.upper()}, id LIMIT ? OFFSET ?", [*args, limit, offset])
         ids = [r[0] for r in rows]
-        steps = {tid: (n, adapter) for tid, n, adapter in self._query(
-            "SELECT trajectory_id, COUNT(*), MAX(adapter) FROM transitions WHERE trajectory_id IN "
+        steps = {tid: (n, version) for tid, n, version in self._query(
+            f"SELECT trajectory_id, COUNT(*), MAX({self._version}) FROM transitions WHERE trajectory_id IN "
             f"({','.join('?' * len(ids))}) GROUP BY trajectory_id", ids)} if ids else {}
         return [TrajectoryRow(trajectory_of(r[:11], []), r[11], r[12], *steps.get(r[0], (0, None))) for r in rows], total
 
@@ -77,9 +79,9 @@ class StoreViews:
         return rows[0][0] if rows else None
 
     def attempts(self, task_id: str) -> list[tuple[str, str | None, str | None, float | None]]:
-        """Every recorded attempt at a task: (trajectory id, run id, adapter of its first step,
+        """Every recorded attempt at a task: (trajectory id, run id, version of its first step,
         reward), oldest first."""
-        return self._query("SELECT t.id, t.run_id, (SELECT adapter FROM transitions WHERE trajectory_id = t.id "
+        return self._query(f"SELECT t.id, t.run_id, (SELECT {self._version} FROM transitions WHERE trajectory_id = t.id "
                            "ORDER BY step LIMIT 1), t.reward FROM trajectories t WHERE t.task_id = ? "
                            "ORDER BY t.created_at", (task_id,))
 

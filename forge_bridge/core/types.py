@@ -16,8 +16,9 @@ from typing import Any, Iterable, Iterator
 
 from forge_bridge.core import validate
 from forge_bridge.core.actions import Action, Observation, ToolCall
+from forge_bridge.core.deprecated import renamed
 from forge_bridge.core.errors import SchemaError
-from forge_bridge.core.migrations import SCHEMA_VERSION, migrate_json, readable
+from forge_bridge.core.migrations import SCHEMA_VERSION, migrate_json, readable, v5_step
 
 STATUSES = ("incomplete", "complete", "failed", "truncated")
 """`incomplete`: the episode was never closed (still running, or its process died)."""
@@ -50,12 +51,13 @@ BEHAVIOURS = ("policy", "demonstration", "guide", "upstream")
 
 
 # --------------------------------------------------------------------------- transition
+@renamed("adapter", "version")  # its name until schema version 6, kept for one release
 @dataclass
 class Transition:
     """One environment step = one model call of the agent, with the exact tokens sampled.
 
     Token ids and logprobs come from the server that sampled them and are never re-tokenised;
-    `adapter` names the adapter version that produced them so stale samples can be weighted.
+    `version` names the adapter version that produced them so stale samples can be weighted.
     `info` holds what happened after the call (tool results keyed by tool_call id, errors,
     latencies, framework metadata).
     """
@@ -65,7 +67,8 @@ class Transition:
     prompt_token_ids: list[int] = field(default_factory=list)
     completion_token_ids: list[int] = field(default_factory=list)
     completion_logprobs: list[float] = field(default_factory=list)
-    adapter: str | None = None
+    version: str | None = None
+    """The adapter version that served the call (None: the base model)."""
     reward: float = 0.0
     terminated: bool = False
     """Gymnasium's meaning: the last step of an episode whose task ended."""
@@ -95,7 +98,7 @@ class Transition:
             raise SchemaError(
                 f"Transition.completion_logprobs: {len(self.completion_logprobs)} logprobs for "
                 f"{len(self.completion_token_ids)} completion tokens (must be equal)")
-        validate.optional_str("Transition.adapter", self.adapter)
+        validate.optional_str("Transition.version", self.version)
         validate.optional_str("Transition.slot", self.slot)
         self.reward = validate.finite("Transition.reward", self.reward)
         validate.boolean("Transition.terminated", self.terminated)
@@ -118,7 +121,7 @@ class Transition:
         return {
             "observation": self.observation.to_dict(), "action": self.action.to_dict(),
             "prompt_token_ids": self.prompt_token_ids, "completion_token_ids": self.completion_token_ids,
-            "completion_logprobs": self.completion_logprobs, "adapter": self.adapter,
+            "completion_logprobs": self.completion_logprobs, "version": self.version,
             "reward": self.reward, "terminated": self.terminated, "truncated": self.truncated,
             "info": self.info, "timestamp": self.timestamp, "temperature": self.temperature,
             "slot": self.slot,
@@ -129,8 +132,9 @@ class Transition:
         if not isinstance(data, dict):
             raise validate.fail("Transition", "an object", data)
         known = {"observation", "action", "prompt_token_ids", "completion_token_ids",
-                 "completion_logprobs", "adapter", "reward", "terminated", "truncated", "info",
+                 "completion_logprobs", "version", "reward", "terminated", "truncated", "info",
                  "timestamp", "temperature", "slot"}
+        data = v5_step(data)  # a step dict carries no schema version of its own: an older one's key read too
         unknown = set(data) - known
         if unknown:
             raise SchemaError(f"Transition: unknown field(s) {sorted(unknown)}")
@@ -145,6 +149,7 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
+@renamed("adapters", "versions")  # its name until schema version 6, kept for one release
 @dataclass
 class Trajectory:
     """One episode: the transitions of one agent run on one task, and how it ended.
@@ -212,8 +217,10 @@ class Trajectory:
         return "incomplete" if self.end_reason is None else STATUS_OF_END[self.end_reason]
 
     @property
-    def adapters(self) -> set[str | None]:
-        return {t.adapter for t in self.transitions}
+    def versions(self) -> set[str | None]:
+        """The adapter versions that served its steps (None: the base model)."""
+        return {t.version for t in self.transitions}
+
 
     @property
     def trainable(self) -> bool:
@@ -337,6 +344,7 @@ def group_trajectories(trajectories: Iterable[Trajectory]) -> list[TrajectoryGro
     return list(groups.values())
 
 
+@renamed("adapter", "version")  # its name until schema version 6, kept for one release
 @dataclass(frozen=True)
 class TrajectoryRow:
     """One line of a trajectory list: the trajectory without its steps, and what summarises them."""
@@ -345,7 +353,7 @@ class TrajectoryRow:
     iteration: int | None
     kind: str | None
     steps: int
-    adapter: str | None
+    version: str | None
     """The last adapter version among its steps (None: the base model, or no steps)."""
 
 

@@ -72,7 +72,7 @@ class AgentEnvironment(Environment):
         if action is None:
             raise PolicyUnavailable("the AgentEnvironment was closed or reset during the episode")
         return PolicyOutput(action=action, prompt_token_ids=[], completion_token_ids=[],
-                            completion_logprobs=[], adapter=None)
+                            completion_logprobs=[], version=None)
 
     def _drive(self, task: Any) -> None:
         try:

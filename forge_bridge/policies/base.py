@@ -29,6 +29,7 @@ from forge_bridge.core.errors import (
     Unsupported,
     WrongType,
 )
+from forge_bridge.core.deprecated import renamed
 from forge_bridge.core.types import Action
 
 DEFAULT_SLOT = "default"
@@ -52,6 +53,7 @@ def sampling(**overrides: Any) -> Iterator[None]:
         _SAMPLING_OVERRIDE.reset(token)
 
 
+@renamed("adapter", "version")  # its name until schema version 6, kept for one release
 @dataclass
 class PolicyOutput:
     """One model call's result with the exact tokens the backend sampled."""
@@ -60,7 +62,7 @@ class PolicyOutput:
     prompt_token_ids: list[int]
     completion_token_ids: list[int]
     completion_logprobs: list[float]
-    adapter: str | None
+    version: str | None
     """The adapter version that produced this output (None: the base model)."""
     latency_s: float = 0.0
     info: dict = field(default_factory=dict)

@@ -345,7 +345,7 @@ class LocalPolicy(Policy):
             text = self.tokenizer.decode([t for t in reply if t not in self._drop_ids], skip_special_tokens=False)
         action = parse(text, "stop" if ended else "length", self.reading, req.tools)
         return PolicyOutput(action=action, prompt_token_ids=req.prompt, completion_token_ids=tokens,
-                            completion_logprobs=logprobs, adapter=req.adapter,
+                            completion_logprobs=logprobs, version=req.adapter,
                             info={} if opening is None else {"forced_opening": opening.forced})
 
     # ------------------------------------------------------------------ adapters

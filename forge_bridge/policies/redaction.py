@@ -23,7 +23,7 @@ from forge_bridge.policies.scripted import rendered
 from forge_bridge.policies.toolcalls import formats
 from forge_bridge.policies.upstream import arguments
 
-KEEP = frozenset({"adapter", "slot", "finish_reason", "role", "id", "type", "tool_call_id"})
+KEEP = frozenset({"version", "slot", "finish_reason", "role", "id", "type", "tool_call_id"})
 """Keys whose string values are identifiers, never scrubbed (a tool call's id must still match)."""
 
 
@@ -60,7 +60,7 @@ class Redaction:
         t = Transition.from_dict(after)
         out = rendered(self.tokenizer, self.tool_format, t.observation.messages, t.observation.tools,
                        t.action.content, [(c.name, arguments(c.arguments)) for c in t.action.tool_calls],
-                       1 << 30, t.adapter, {}, cut=t.action.finish_reason == "length")
+                       1 << 30, t.version, {}, cut=t.action.finish_reason == "length")
         t.prompt_token_ids, t.completion_token_ids = out.prompt_token_ids, out.completion_token_ids
         t.completion_logprobs = out.completion_logprobs
         t.info["redacted"] = True

@@ -53,7 +53,7 @@ def check_tools(calls: list[tuple[str, dict]], tools: list[dict] | None) -> None
 
 
 def rendered(tokenizer: Any, tool_format: str, messages: list[dict], tools: list[dict] | None, content: str,
-             calls: list[tuple[str, Any]], max_tokens: int, adapter: str | None, info: dict,
+             calls: list[tuple[str, Any]], max_tokens: int, version: str | None, info: dict,
              cut: bool = False) -> PolicyOutput:
     """A reply written by someone else (a script, an upstream model) as the model of `tokenizer`
     would have produced it: the prompt in its chat template, the content and calls in its
@@ -70,7 +70,7 @@ def rendered(tokenizer: Any, tool_format: str, messages: list[dict], tools: list
     reply = text if ended else tokenizer.decode(ids, skip_special_tokens=False)  # specials such as [TOOL_CALLS] kept
     return PolicyOutput(action=parse(reply, "stop" if ended else "length", tool_format, tools or []),
                         prompt_token_ids=prompt, completion_token_ids=completion,
-                        completion_logprobs=[0.0] * len(completion), adapter=adapter, info=info)
+                        completion_logprobs=[0.0] * len(completion), version=version, info=info)
 
 
 class ScriptedPolicy(Policy):

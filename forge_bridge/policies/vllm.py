@@ -183,7 +183,7 @@ class VLLMPolicy(Policy):
             return PolicyOutput(action=action, prompt_token_ids=list(prompt_ids),
                                 completion_token_ids=list(completion_ids),
                                 completion_logprobs=[min(0.0, float(x)) for x in logprobs],
-                                adapter=adapter)
+                                version=adapter)
         except (KeyError, IndexError, TypeError, SchemaError) as exc:
             raise PolicyResponseError(f"vLLM's response does not have the chat-completion shape "
                                       f"({type(exc).__name__}: {exc})") from None

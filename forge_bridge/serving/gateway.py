@@ -233,7 +233,7 @@ class Gateway:
         completion["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
                                "total_tokens": prompt + completion_tokens}
         completion["prompt_token_ids"] = out.prompt_token_ids
-        completion["adapter"] = out.adapter
+        completion["version"] = out.version
         return completion
 
     def chunks(self, completion: dict) -> list[dict]:

@@ -70,16 +70,16 @@ def test_two_role_crew_routes_each_role_to_its_own_adapter(backend, recorder, ad
         ep.reward(0.5, role="writer")
     trajs = role_trajectories(recorder, ep)
     assert set(trajs) == {"researcher", "writer"}
-    assert trajs["researcher"].adapters == {researcher_v} and trajs["writer"].adapters == {writer_v}
+    assert trajs["researcher"].versions == {researcher_v} and trajs["writer"].versions == {writer_v}
     assert trajs["researcher"].reward == 1.0 and trajs["writer"].reward == 0.5
     # The served version proves it: each step's tokens are what that role's adapter produces.
     for role, traj in trajs.items():
         for step in traj:
             assert step.info["role"] == role
             direct = backend.chat(step.observation.messages, step.observation.tools, slot=role, **GREEDY)
-            assert direct.adapter == step.adapter
+            assert direct.version == step.version
             assert direct.completion_token_ids == step.completion_token_ids
-    assert recorder.store.count(adapter=writer_v) == 1
+    assert recorder.store.count(version=writer_v) == 1
 
 
 def test_shared_adapter_without_role_mapping(taught_model_dir, recorder):
@@ -89,7 +89,7 @@ def test_shared_adapter_without_role_mapping(taught_model_dir, recorder):
     assert result.raw == "Paris is home to 2102650 people."
     trajs = role_trajectories(recorder, ep)
     assert [len(trajs["researcher"]), len(trajs["writer"])] == [2, 1]
-    assert all(t.adapters == {None} for t in trajs.values())
+    assert all(t.versions == {None} for t in trajs.values())
     lookup_step = trajs["researcher"].transitions[0]
     assert list(lookup_step.info["tool_results"].values())[0]["content"] == "2102650"
 

@@ -164,10 +164,10 @@ def test_adapter_published_between_invokes_serves_the_next_run(backend, recorder
     backend.load_adapter(adapter_dirs["v1"], version)
     with fb.episode("after", recorder=recorder) as ep2:
         result = agent.invoke(QUESTION)
-    assert recorder.store.get(ep1.id).adapters == {None}
-    assert recorder.store.get(ep2.id).adapters == {version}
+    assert recorder.store.get(ep1.id).versions == {None}
+    assert recorder.store.get(ep2.id).versions == {version}
     assert "Version" in result["messages"][-1].content
-    assert recorder.store.count(adapter=version) == 1
+    assert recorder.store.count(version=version) == 1
 
 
 def test_streaming_messages_keep_the_token_ids(taught_model_dir, recorder):

@@ -18,7 +18,8 @@ def db(tmp_path):
             store.begin(t)
             store.append(t.id, Transition(observation=Observation(messages=[{"role": "user", "content": "q"}]),
                                           action=Action(content="a"), prompt_token_ids=[1],
-                                          completion_token_ids=[2], completion_logprobs=[-0.5]))
+                                          completion_token_ids=[2], completion_logprobs=[-0.5],
+                                          version="r-v1" if i == 3 else None))
             store.finish(t.id, "terminated" if i % 2 else "crashed", reward=float(i % 2))
     return path
 
@@ -33,6 +34,16 @@ def test_export_jsonl_with_filter(db, tmp_path, capsys):
 def test_export_parquet_from_extension(db, tmp_path, capsys):
     assert main(["export", str(db), str(tmp_path / "x.parquet")]) == 0
     assert "wrote 4 transitions" in capsys.readouterr().out
+
+
+def test_export_filters_by_the_version_that_served_a_step(db, tmp_path, capsys):
+    out = tmp_path / "x.jsonl"
+    assert main(["export", str(db), str(out), "--version", "r-v1"]) == 0
+    assert "wrote 1 trajectories" in capsys.readouterr().out
+    assert [Trajectory.from_json(line).task_id for line in out.read_text().splitlines()] == ["t3"]
+    assert main(["export", str(db), str(out), "--adapter", "r-v1"]) == 0  # its old name, for a release
+    printed = capsys.readouterr()
+    assert "wrote 1 trajectories" in printed.out and "--adapter (a version) is now --version" in printed.err
 
 
 def test_export_missing_store_is_a_clear_error(tmp_path, capsys):

@@ -102,6 +102,13 @@ RETIRED = {
                                         "a score is a judge's; a model's token log-probabilities are logprobs"),
     r"\.std\(": ({str(p.relative_to(ROOT)) for p in SOURCE if p.parent.name == "trainer"} - {"trainer/advantages.py"},
                  "one standardisation: advantages.standardise"),
+    r"(?<!args)(?<!self)(?<!forge_bridge)\.adapters?\b|\badapter=|[\"']adapter[\"']\s*[:\]]": (
+        {str(p.relative_to(ROOT)) for p in SOURCE}
+        - {"forge_bridge/core/migrations.py", "forge_bridge/policies/decoding.py", "forge_bridge/policies/local.py",
+           "trainer/run.py"},
+        "the version that served a step is its `version` (Transition.version, Trajectory.versions, the store's "
+        "version=, metrics['version']); an adapter is the LoRA files (migrations.py reads the old layout; the "
+        "decoder, the embedded policy and the run folder name peft's adapters)"),
 }
 """Senses of a word retired for one meaning per word (docs/architecture.md's glossary): pattern ->
 (files it may no longer appear in, what to say instead)."""
@@ -122,7 +129,14 @@ def test_the_retired_senses_check_catches_the_old_forms():
            "def success_rate(group, success_threshold):", "sum((t.reward or 0.0) >= success_threshold for t in own)",
            "good = [t for t, r in scored if r >= config.threshold]", "if flat.std() > 1e-6:",
            "for group, base in zip(optimizer.param_groups, base_lrs):",
-           "scored[key] = teacher.score(step.prompt_token_ids, step.completion_token_ids)"]
+           "scored[key] = teacher.score(step.prompt_token_ids, step.completion_token_ids)",
+           "return {t.adapter for t in self.transitions}", "store.count(adapter=version)",
+           'metrics = {"iteration": n, "adapter": trainer.version_name(n)}', "print(metrics['adapter'])",
+           "assert traj.adapters == {None}"]
     for line in old:
         assert any(re.search(pattern, line) for pattern in RETIRED), line
     assert not any(re.search(p, "config.gamma  # the discount") for p in list(RETIRED)[1:])
+    lora = ["policy.load_adapter(args.adapter, 'probed')", "from forge_bridge.adapters.langchain import ForgeMiddleware",
+            "shutil.rmtree(self.adapters / version)", 'p.add_argument("adapter", help="the LoRA adapter directory")',
+            '"adapter_path": str(path)', "@renamed(\"adapter\", \"version\")"]
+    assert not any(re.search(list(RETIRED)[-1], line) for line in lora)  # an adapter's files keep their word

@@ -40,9 +40,9 @@ def test_token_ids_and_logprobs_match_the_text(backend, tokenizer):
     assert tokenizer.decode(out.completion_token_ids, skip_special_tokens=True) == out.text
     assert len(out.completion_logprobs) == len(out.completion_token_ids)
     assert all(lp <= 0 for lp in out.completion_logprobs)
-    assert out.adapter is None and out.latency_s > 0
+    assert out.version is None and out.latency_s > 0
     step = transition_of(out, testing.AFTER_TOOL, [testing.ADD_TOOL])
-    assert step.has_tokens and step.adapter is None and not step.truncated
+    assert step.has_tokens and step.version is None and not step.truncated
 
 
 def test_recorded_logprobs_are_those_of_the_tempered_distribution_that_sampled(backend, taught_model_dir):
@@ -98,11 +98,11 @@ def test_adapter_changes_outputs_and_rollback_restores_them(backend, adapter_dir
     backend.load_adapter(adapter_dirs["v1"], v1)
     assert backend.current() == v1
     tuned = backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY)
-    assert tuned.adapter == v1 and tuned.completion_token_ids != base.completion_token_ids
+    assert tuned.version == v1 and tuned.completion_token_ids != base.completion_token_ids
     assert "Version" in tuned.text
     assert backend.rollback() is None and backend.current() is None
     again = backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY)
-    assert again.adapter is None and again.completion_token_ids == base.completion_token_ids
+    assert again.version is None and again.completion_token_ids == base.completion_token_ids
 
 
 def test_versions_are_kept_for_rollback_and_immutable(backend, adapter_dirs):
@@ -113,7 +113,7 @@ def test_versions_are_kept_for_rollback_and_immutable(backend, adapter_dirs):
     ref_a = None
     assert backend.rollback() == va
     ref_a = backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY)
-    assert ref_a.adapter == va
+    assert ref_a.version == va
     with pytest.raises(AdapterError, match="already published"):
         backend.load_adapter(adapter_dirs["v1"], va)
     with pytest.raises(AdapterError, match="version"):
@@ -140,14 +140,14 @@ def test_32_concurrent_calls_during_a_swap_each_name_the_version_that_served_the
     for t in threads:
         t.join(timeout=300)
     assert errors == [] and len(outputs) == 32
-    assert {o.adapter for o in outputs} == {va, vb}
-    assert sum(o.adapter == vb for o in outputs) >= 16
+    assert {o.version for o in outputs} == {va, vb}
+    assert sum(o.version == vb for o in outputs) >= 16
     # Each version's outputs are that version's reply: the tag is not just a label.
     ref = {vb: backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY).completion_token_ids}
     backend.rollback()
     ref[va] = backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY).completion_token_ids
     assert ref[va] != ref[vb]
-    assert all(o.completion_token_ids == ref[o.adapter] for o in outputs)
+    assert all(o.completion_token_ids == ref[o.version] for o in outputs)
 
 
 def test_async_calls(backend):
@@ -177,7 +177,7 @@ def test_corrupt_or_incompatible_adapter_leaves_the_live_version_serving(backend
         backend.load_adapter(tmp_path, unique("m"))
     assert backend.current() == live
     after = backend.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY)
-    assert after.adapter == live and after.completion_token_ids == before.completion_token_ids
+    assert after.version == live and after.completion_token_ids == before.completion_token_ids
 
 
 def test_bad_sampling_arguments_are_clear_errors(backend):
@@ -456,7 +456,7 @@ def test_the_next_step_of_an_episode_prefills_only_what_is_new(taught_model_dir,
         before = cached.reused_tokens
         adapted = cached.chat(follow, tools=tools, **GREEDY)
         assert cached.reused_tokens == before  # the base model's KV is not the adapter's
-        assert adapted.adapter == "v1"
+        assert adapted.version == "v1"
     with pytest.raises(Exception, match="prefix_cache_tokens"):
         LocalPolicy(str(taught_model_dir), prefix_cache_tokens=-1)
 
@@ -567,7 +567,7 @@ def test_versions_of_one_shape_reuse_lora_slots_and_serve_exactly_their_weights(
             name = ("v1", "v2")[i % 2]
             policy.load_adapter(adapter_dirs[name], f"{name}-{i}")
             out = policy.chat(testing.ASK, tools=[testing.ADD_TOOL], **GREEDY)
-            assert out.adapter == f"{name}-{i}" and out.text == ("Version one." if name == "v1" else "Version two.")
+            assert out.version == f"{name}-{i}" and out.text == ("Version one." if name == "v1" else "Version two.")
         # 4 versions passed through, 2 kept: no slot was built beyond the first load's 1 + 3 spare
         assert len(policy._pool.holder) == 2 and len(policy._pool.free) + len(policy._pool.holder) == 4
         assert policy.rollback() == "v1-2"  # the version before is still loaded, in its slot
@@ -620,7 +620,7 @@ def test_a_caller_that_gives_up_leaves_the_policy_working_and_its_version_loaded
         policy.load_adapter(adapter_dirs["v2"], "v2")  # retires v1 while its row still decodes
         assert policy.versions() == [None, "v2"] and "v1" in policy._pool.holder
         out = policy.chat(testing.ASK, temperature=1.0, seed=2, max_tokens=5)  # the worker is alive
-        assert out.adapter == "v2" and 1 <= len(out.completion_token_ids) <= 5
+        assert out.version == "v2" and 1 <= len(out.completion_token_ids) <= 5
         deadline = time.time() + 60
         while "v1" in policy._pool.holder and time.time() < deadline:
             time.sleep(0.05)

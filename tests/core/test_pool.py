@@ -74,7 +74,7 @@ def test_every_member_gets_each_adapter_and_each_step_names_it(adapter):
     assert a.loaded == b.loaded == ["run-v1"]
     assert sorted(pool.chat([]).text for _ in range(2)) == ["a:run-v1", "b:run-v1"]
     pool.rollback()
-    assert {pool.chat([]).adapter for _ in range(2)} == {None}
+    assert {pool.chat([]).version for _ in range(2)} == {None}
 
 
 def test_a_dead_member_is_taken_out_and_its_call_is_served_by_another(adapter):
@@ -106,7 +106,7 @@ def test_an_adapter_one_member_refuses_is_unloaded_from_the_others_and_nothing_c
     with pytest.raises(AdapterError, match="refuses"):
         pool.load_adapter(adapter, "run-v1")
     assert a.loaded == ["run-v1"] and a.unloaded == ["run-v1"]
-    assert pool.current() is None and {pool.chat([]).adapter for _ in range(2)} == {None}
+    assert pool.current() is None and {pool.chat([]).version for _ in range(2)} == {None}
 
 
 def test_a_copy_for_a_worker_mirrors_versions_and_members_out(adapter):

@@ -60,14 +60,14 @@ def test_a_worse_candidate_never_serves_and_a_falling_one_is_rolled_back(taught_
         assert promotion.consider(adapter_dirs["v1"], "better") is True
         assert policy.current() == "better"
         deadline = time.monotonic() + 120
-        while store.count(adapter="better") < 2 and time.monotonic() < deadline:  # the users get it
+        while store.count(version="better") < 2 and time.monotonic() < deadline:  # the users get it
             time.sleep(0.1)
         for _ in range(4):
             assert promotion.observe(0.1) is False  # not a full window yet
         assert promotion.observe(0.1) is True  # 0.1 < 0.5 - 0.3 over the window
         assert policy.current() is None  # back to the base model, at once
     assert statuses and set(statuses) == {200}
-    recorded = {s.adapter for t in store.trajectories() for s in t.transitions}
+    recorded = {s.version for t in store.trajectories() for s in t.transitions}
     assert "worse" not in recorded and "better" in recorded  # the refused candidate never served a user
     events = store.events()
     assert [(e["kind"], e["version"]) for e in events] == [("refused", "worse"), ("promoted", "better"),
@@ -129,7 +129,7 @@ def test_a_shadow_run_judges_the_candidate_on_live_requests_the_users_never_see(
         assert policy.current() is None and policy.current(CANDIDATE) is None
         assert promotion.consider(adapter_dirs["v1"], "better") is True
     assert statuses and set(statuses) == {200}
-    served = [s.adapter for t in store.trajectories() for s in t.transitions]
+    served = [s.version for t in store.trajectories() for s in t.transitions]
     assert "worse" not in served  # the candidate's shadow answers reached no user and no episode
     refused, promoted = store.events()
     assert (refused["kind"], refused["detail"]["candidate"], refused["detail"]["serving"]) == ("refused", 0.0, 0.5)

@@ -119,7 +119,7 @@ def protocol_fields(traj):
     """What the recording protocol decides (not what a framework puts in its prompt)."""
     return {"end": (traj.status, traj.end_reason, traj.end_detail, traj.reward),
             "steps": [{"action": t.action.to_dict(), "completion_token_ids": t.completion_token_ids,
-                       "completion_logprobs": t.completion_logprobs, "adapter": t.adapter,
+                       "completion_logprobs": t.completion_logprobs, "version": t.version,
                        "reward": t.reward, "terminated": t.terminated, "truncated": t.truncated,
                        "temperature": t.temperature, "source": t.info["source"] in FRONT_ENDS}
                       for t in traj]}

@@ -1,18 +1,19 @@
 import json
+import warnings
 
 import pytest
 
-from forge_bridge.core.errors import SchemaError, StoreError
+from forge_bridge.core.errors import SchemaError, StoreError, WrongType
 from forge_bridge.core.exchange import export_jsonl, export_parquet, import_jsonl
 from forge_bridge.core.store import TrajectoryStore
 from forge_bridge.core.types import Action, Observation, Trajectory, Transition
 
 
-def step(i: int, adapter: str = "r-v0") -> Transition:
+def step(i: int, version: str = "r-v0") -> Transition:
     return Transition(observation=Observation(messages=[{"role": "user", "content": f"q{i}"}]),
                       action=Action(content=f"a{i}", finish_reason="stop"),
                       prompt_token_ids=[1, 2, i], completion_token_ids=[3, i],
-                      completion_logprobs=[-0.1, -0.2], adapter=adapter)
+                      completion_logprobs=[-0.1, -0.2], version=version)
 
 
 @pytest.fixture
@@ -37,21 +38,41 @@ def test_append_then_finish(store):
     assert got.transitions[2].completion_token_ids == [3, 2]
 
 
-def test_queries_filter_by_run_task_group_status_adapter(store):
+def test_queries_filter_by_run_task_group_status_version(store):
     for i in range(6):
         t = Trajectory(run_id=f"r{i % 2}", task_id=f"t{i % 3}", group_id=f"g{i % 3}")
         store.begin(t)
-        store.append(t.id, step(i, adapter=f"a-v{i % 2}"))
+        store.append(t.id, step(i, version=f"a-v{i % 2}"))
         store.finish(t.id, "terminated" if i < 4 else "crashed", reward=float(i))
     assert store.count() == 6
     assert store.count(run_id="r0") == 3
     assert store.count(task_id="t1") == 2
     assert store.count(status="failed") == 2
     assert store.count(status=["failed", "complete"]) == 6
-    assert store.count(adapter="a-v1") == 3
+    assert store.count(version="a-v1") == 3
     assert store.count(run_id="r0", status="complete") == 2
     groups = {g.group_id: g for g in store.groups()}
     assert sorted(groups) == ["g0", "g1", "g2"] and groups["g0"].rewards == [0.0, 3.0]
+
+
+def test_the_old_filter_name_adapter_still_filters_by_version_for_a_release_and_warns(store):
+    for i in range(4):
+        t = Trajectory(run_id="r", task_id="t", group_id=f"g{i % 2}")
+        store.begin(t)
+        store.append(t.id, step(i, version=f"a-v{i % 2}"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        wanted = store.trajectories(version="a-v1")
+    assert len(wanted) == 2 and {s.version for t in wanted for s in t} == {"a-v1"}
+    for read in (lambda: store.trajectories(adapter="a-v1"), lambda: list(store.iter(adapter="a-v1")),
+                 lambda: [t for g in store.groups(adapter="a-v1") for t in g.trajectories]):
+        with pytest.warns(DeprecationWarning, match="adapter= is now version=") as caught:
+            assert read() == wanted
+        assert caught[0].filename == __file__  # it points at the caller
+    with pytest.warns(DeprecationWarning, match="adapter= is now version="):
+        assert store.count(adapter="a-v0") == 2
+    with pytest.raises(WrongType, match="both adapter= and version="):
+        store.count(adapter="a-v0", version="a-v1")
 
 
 def test_export_jsonl_and_parquet(store, tmp_path):

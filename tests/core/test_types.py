@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from forge_bridge.core.errors import SchemaError
+from forge_bridge.core.errors import SchemaError, WrongType
+from forge_bridge.policies.base import PolicyOutput
 from forge_bridge.core.types import (
     SCHEMA_VERSION,
     Action,
@@ -10,6 +11,7 @@ from forge_bridge.core.types import (
     ToolCall,
     Trajectory,
     TrajectoryGroup,
+    TrajectoryRow,
     Transition,
     succeeded,
     success_rate,
@@ -24,7 +26,7 @@ def make_transition(**over) -> Transition:
         action=Action(content="", finish_reason="tool_calls",
                       tool_calls=[ToolCall(id="c1", name="add", arguments='{"a": 2, "b": 3}')]),
         prompt_token_ids=[5, 6, 7], completion_token_ids=[8, 9], completion_logprobs=[-0.5, -1.25],
-        adapter="run-v1", reward=0.5, info={"tool_results": {"c1": {"content": "5"}}})
+        version="run-v1", reward=0.5, info={"tool_results": {"c1": {"content": "5"}}})
     fields.update(over)
     return Transition(**fields)
 
@@ -39,7 +41,7 @@ def test_trajectory_round_trips_through_json():
     assert back == traj
     assert back.transitions[0].action.tool_calls[0].name == "add"
     assert back.transitions[1].terminated and not back.transitions[1].truncated
-    assert back.adapters == {"run-v1"}
+    assert back.versions == {"run-v1"}
 
 
 def test_openai_tool_call_dicts_are_accepted():
@@ -56,7 +58,7 @@ def test_openai_tool_call_dicts_are_accepted():
     ({"reward": float("nan")}, "Transition.reward"),
     ({"terminated": 1}, "Transition.terminated"),
     ({"info": {"x": object()}}, "Transition.info"),
-    ({"adapter": 3}, "Transition.adapter"),
+    ({"version": 3}, "Transition.version"),
 ])
 def test_invalid_transition_names_the_field(over, field):
     with pytest.raises(SchemaError) as err:
@@ -104,3 +106,40 @@ def test_success_is_a_reward_at_the_threshold_and_a_missing_reward_fails():
     assert success_rate([0.3, 0.6, 0.9], threshold=0.5) == 2 / 3
     assert success_rate([]) == 0.0
     assert success_rate(iter([1.0, 1.0])) == 1.0  # any iterable, read once
+
+
+def test_the_old_name_of_a_steps_version_still_works_for_a_release_and_warns():
+    """`adapter` was the version that served a step until schema version 6 (one meaning per word:
+    an adapter is the LoRA files): the keyword and the attribute work, each use warns here."""
+    fields = {k: v for k, v in make_transition().__dict__.items() if k != "version"}
+    with pytest.warns(DeprecationWarning, match="Transition.adapter is now Transition.version") as caught:
+        step = Transition(**fields, adapter="run-v2")
+    assert step.version == "run-v2" and caught[0].filename == __file__  # it points at the caller
+    with pytest.warns(DeprecationWarning, match="Transition.adapter is now Transition.version") as caught:
+        assert step.adapter == "run-v2"
+    assert caught[0].filename == __file__
+    with pytest.warns(DeprecationWarning):
+        step.adapter = "run-v3"
+    assert step.version == "run-v3" and "adapter" not in step.to_dict()
+    with pytest.raises(WrongType, match="both adapter= and version="):
+        Transition(**fields, adapter="a", version="b")
+    traj = Trajectory(transitions=[step])
+    with pytest.warns(DeprecationWarning, match="Trajectory.adapters is now Trajectory.versions"):
+        assert traj.adapters == traj.versions == {"run-v3"}
+    with pytest.warns(DeprecationWarning, match="PolicyOutput.adapter is now PolicyOutput.version"):
+        out = PolicyOutput(Action(content="x"), [1], [2], [-0.5], adapter="run-v1")
+    with pytest.warns(DeprecationWarning):
+        assert out.version == out.adapter == "run-v1"
+    assert PolicyOutput(Action(content="x"), [1], [2], [-0.5], "run-v1") == out  # positional: unchanged
+    row = TrajectoryRow(traj, 1, "kind", 1, "run-v3")
+    with pytest.warns(DeprecationWarning, match="TrajectoryRow.adapter is now TrajectoryRow.version"):
+        assert row.adapter == row.version == "run-v3"
+
+
+def test_a_step_dict_of_the_old_layout_reads_its_adapter_as_the_version():
+    """A step dict has no schema version of its own: one written before version 6 reads as it meant."""
+    step = make_transition()
+    old = {k: v for k, v in step.to_dict().items() if k != "version"} | {"adapter": "run-v1"}
+    assert Transition.from_dict(old) == step
+    with pytest.raises(SchemaError, match=r"unknown field\(s\) \['adapter'\]"):
+        Transition.from_dict(old | {"version": "run-v1"})

@@ -17,7 +17,7 @@ def test_demo_pipeline_runs_end_to_end(quick_demo):
     assert list(summary["results"]) == ["base", "SFT", "SFT+RL"] == list(summary["validation"])
     assert "validation tasks, where the settings were chosen: base" in proc.stdout
     assert summary["config"]["distill_beta"] == 1.0 and "teacher SFT" in summary["timings_s"]
-    assert summary["adapter"] == "demo-v2"  # demo-sft from SFT, v1-v2 from two GRPO iterations
+    assert summary["version"] == "demo-v2"  # demo-sft from SFT, v1-v2 from two GRPO iterations
     assert summary["sft"]["sft_loss_last"] < summary["sft"]["sft_loss_first"]
     assert (out / "reward_curve.png").stat().st_size > 1000
     assert (out / "adapters" / "demo-v2" / "adapter_model.safetensors").is_file()
@@ -40,14 +40,14 @@ def test_demo_pipeline_runs_end_to_end(quick_demo):
         used, missing = (sum(m[key] for m in iterations) for key in ("guide_trajectories", "guides_missing"))
         assert len(iterations) == 2 and used <= len(guides) <= used + missing  # a failed guide rollout is kept
         assert all(m["distill_unscored_steps"] == 0 and m["distill_log_ratio"] != 0 for m in iterations)
-        assert {g.transitions[0].adapter for g in guides} <= {"teacher-sft"}
+        assert {g.transitions[0].version for g in guides} <= {"teacher-sft"}
         assert len(rl) + len(guides) == len(every) and len(rl) == 2 * 3 * 4
-        assert {t.transitions[0].adapter for t in rl} >= {"demo-sft"}
+        assert {t.transitions[0].version for t in rl} >= {"demo-sft"}
         for it in (1, 2):  # each iteration: one task of each kind, a group of 4 rollouts each
             kinds = sorted(t.task_id.rsplit("-", 1)[0] for t in rl if t.metadata["iteration"] == it)
             assert kinds == sorted(["multiply", "lookup", "lookup_multiply"] * 4)
         (final,) = store.trajectories(run_id="final")
-        assert final.transitions[0].adapter == "demo-v2"
+        assert final.transitions[0].version == "demo-v2"
     assert "the live agent, on demo-v2" in proc.stdout
 
 
@@ -60,7 +60,7 @@ def test_demo_with_no_grpo_iteration_reports_sft_alone_on_the_kinds_demonstrated
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "results.json").read_text())
     assert list(summary["results"]) == ["base", "SFT"] and "GRPO" not in summary["timings_s"]
-    assert summary["config"]["sft_epochs"] == 2 and summary["adapter"] == "demo-sft"
+    assert summary["config"]["sft_epochs"] == 2 and summary["version"] == "demo-sft"
     assert "reward curve" not in proc.stdout and not (out / "reward_curve.png").exists()
     assert "the live agent, on demo-sft" in proc.stdout
     assert summary["config"]["demonstrate"] == ["multiply", "multiply_chain", "lookup_and_multiply"]

@@ -26,7 +26,7 @@ def test_the_own_agent_template_runs_start_to_finish(taught_model_dir, tmp_path)
     results = json.loads((out / "results.json").read_text())
     assert results["demonstrations"] == 12 and results["held_out"] == 16  # every demo plan passed the checker
     assert set(results["base"]) == set(results["sft"]) == set(results["rl"]) == {"rate", "convert"}
-    assert results["adapter"] == "own-v2" and set(results["probe"]) == {"rate", "convert"}
+    assert results["version"] == "own-v2" and set(results["probe"]) == {"rate", "convert"}
     assert "held-out check of the warm start, greedy (16 tasks)" in proc.stdout
     assert "signal probe, 4 rollouts of each training task:" in proc.stdout
     assert f"forge-bridge serve {taught_model_dir} --adapter {out}/adapters/own-v2" in proc.stdout

@@ -19,7 +19,7 @@ def step(i: int, size: int = 3) -> Transition:
     return Transition(observation=Observation(messages=[{"role": "user", "content": f"q{i}" * size}]),
                       action=Action(content=f"a{i}", finish_reason="stop"),
                       prompt_token_ids=[1, 2, i] * size, completion_token_ids=[3, i],
-                      completion_logprobs=[-0.1, -0.2], adapter="r-v0")
+                      completion_logprobs=[-0.1, -0.2], version="r-v0")
 
 
 def test_killed_writer_leaves_every_committed_step_and_an_incomplete_trajectory(tmp_path):

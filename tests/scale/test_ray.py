@@ -74,7 +74,7 @@ def test_grpo_on_two_ray_workers_fills_every_group_records_versions_and_learns(h
         by_group[t.group_id] = by_group.get(t.group_id, 0) + 1
         # each step names the adapter that produced it: the one published before its iteration
         it = t.metadata["iteration"]
-        assert {s.adapter for s in t.transitions} == {None if it == 1 else f"ray-v{it - 1}"}
+        assert {s.version for s in t.transitions} == {None if it == 1 else f"ray-v{it - 1}"}
         assert t.transitions and all(s.completion_token_ids for s in t.transitions)
     assert len({t.metadata["worker"] for t in trajectories}) == 2  # both workers ran episodes
     # the threaded loop, same tasks and group size: the same number of trajectories per group
@@ -144,12 +144,12 @@ def test_three_policy_servers_behind_a_pool_all_serve_and_all_get_every_adapter(
             pool.load_adapter(adapter_dirs[name], version)
             outs = ask(pool, 6)
             assert sorted(o.info["pool_member"] for o in outs) == [0, 0, 1, 1, 2, 2]
-            assert [(o.text, o.adapter) for o in outs] == [(reply, version)] * 6
+            assert [(o.text, o.version) for o in outs] == [(reply, version)] * 6
             assert version in VLLMPolicy(vllm_server.base_url).served_models()
         # a worker's copy of the pool reaches the same servers and serves the same version
         clone = pool.client_spec().connect()
         clone.mirror(pool.serving_state())
-        assert [(o.text, o.adapter) for o in ask(clone, 3)] == [("Version two.", "pool-v2")] * 3
+        assert [(o.text, o.version) for o in ask(clone, 3)] == [("Version two.", "pool-v2")] * 3
         # one server dies: it is taken out, calls go on on the others, nothing is raised
         cluster.kill(hosted.handle)
         outs = ask(pool, 4)

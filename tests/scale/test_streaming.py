@@ -16,7 +16,7 @@ from forge_bridge.scale.streaming import SINK, StreamingStore, apply
 def step(text: str) -> Transition:
     return Transition(observation=Observation(messages=[{"role": "user", "content": "hi"}]),
                       action=Action(content=text), prompt_token_ids=[1, 2], completion_token_ids=[3, 4],
-                      completion_logprobs=[-0.5, -0.25], adapter="run-v2", temperature=0.7)
+                      completion_logprobs=[-0.5, -0.25], version="run-v2", temperature=0.7)
 
 
 def record(worker: StreamingStore, sink: queue.Queue, name: str, steps: int, crew: bool = False) -> str:

@@ -67,7 +67,7 @@ def test_grpo_trains_an_agent_process_through_the_gateway(choice_model_dir, tmp_
             assert call.id in first.info["tool_results"]  # the result the process sent back
     rewards = [h["reward_mean"] for h in history]
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3
-    assert policy.current() == "proc-v10" and {t.transitions[0].adapter for t in stored if
+    assert policy.current() == "proc-v10" and {t.transitions[0].version for t in stored if
                                                 t.metadata["iteration"] == 10} == {"proc-v9"}
     policy.close()
 

@@ -57,6 +57,13 @@ def test_configs_hold_nothing_mutable():
     hash(config), hash(offline)  # hashable all the way down
 
 
+def test_the_old_where_key_adapter_is_read_as_version_for_a_release():
+    with pytest.warns(DeprecationWarning, match="adapter= is now version=") as caught:
+        offline = fb.OfflineConfig(where={"adapter": "prod-v3", "task_id": "t"})
+    assert offline.where == {"version": "prod-v3", "task_id": "t"} and caught[0].filename == __file__
+    assert fb.OfflineConfig(where={"version": "prod-v3"}).where == {"version": "prod-v3"}
+
+
 def test_a_bool_is_not_a_count_and_bad_parts_are_named():
     for name in ("group_size", "concurrency", "tasks_per_iteration", "epochs", "minibatch_size", "microbatch_size",
                  "warmup_steps", "lora_rank", "lora_alpha", "max_seq_len", "seed"):

@@ -57,21 +57,21 @@ def test_grpo_trains_on_a_terminal_environment_then_on_a_langchain_agent(tmp_pat
     harness = HarnessAgent(policy, TerminalEnvironment, max_model_calls=4, temperature=1.0, max_tokens=64)
     history = trainer.train(harness, TASKS, iterations=2)
 
-    assert [h["adapter"] for h in history] == ["env-v1", "env-v2"] and policy.current() == "env-v2"
+    assert [h["version"] for h in history] == ["env-v1", "env-v2"] and policy.current() == "env-v2"
     assert sum(h["batch_samples"] for h in history) > 0  # trained on the terminal rollouts
     assert any(0 < h["reward_mean"] < 1 for h in history)
     with fb.TrajectoryStore(tmp_path / "run" / "trajectories.db") as store:
         trajs = store.trajectories()
     assert len(trajs) == 16
     second = [t for t in trajs if t.metadata["iteration"] == 2]
-    assert {s.adapter for t in second for s in t.transitions} == {"env-v1"}  # served by the published v1
+    assert {s.version for t in second for s in t.transitions} == {"env-v1"}  # served by the published v1
     writes = [r for t in trajs for s in t.transitions for r in s.info.get("tool_results", {}).values()]
     assert writes and all(r["name"] == "write_file" for r in writes)
 
     # the same trainer object, the same `train`, now on an ordinary LangChain agent
     lc_rollout = training_task.make_rollout(training_task.agent_for(policy))
     history = trainer.train(lc_rollout, training_task.TASKS, iterations=3)
-    assert history[-1]["adapter"] == "env-v3" and policy.current() == "env-v3"
+    assert history[-1]["version"] == "env-v3" and policy.current() == "env-v3"
     with fb.TrajectoryStore(tmp_path / "run" / "trajectories.db") as store:
         lc = [t for t in store.trajectories() if t.metadata["iteration"] == 3]
     assert len(lc) == 8 and all(s.info["source"] == "langchain" for t in lc for s in t.transitions)

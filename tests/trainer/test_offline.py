@@ -70,7 +70,7 @@ def test_production_episodes_with_noisy_feedback_teach_the_student(choice_dir, t
     assert metrics["offline_episodes"] == 24 and metrics["offline_missing_reward"] == 3
     assert metrics["offline_imitated"] == 11  # 10 of the 11 add episodes with feedback (one wrongly thumbed down), and
     # the multiply episode wrongly thumbed up
-    assert metrics["adapter"] == "prod-v1" and policy.current() == "prod-v1" and trainer.iteration == 1
+    assert metrics["version"] == "prod-v1" and policy.current() == "prod-v1" and trainer.iteration == 1
     assert (tmp_path / "run" / "checkpoints" / "latest").is_file()
     print(f"P(the right call, add) {before[0]:.2f} -> {after[0]:.2f}; P(multiply) {before[1]:.2f} -> {after[1]:.2f}")
     # measured here 0.49 -> 0.62 and 0.49 -> 0.35, exactly (the sampled success it replaces, 48 rollouts at T=1,
@@ -192,7 +192,7 @@ def test_a_candidate_trained_on_flipped_rewards_is_refused_by_the_gate(choice_di
         return sum(bool(c) and c[0].name == "add" for c in picks) / 32
 
     promotion = Promotion(policy, evaluate, Gate(margin=0.05), store=store)
-    assert promotion.consider(job["adapter_path"], job["adapter"]) is False
+    assert promotion.consider(job["adapter_path"], job["version"]) is False
     assert policy.current() is None and policy.current(CANDIDATE) is None
     (event,) = store.events()
     assert event["kind"] == "refused" and event["detail"]["candidate"] < event["detail"]["serving"] - 0.05

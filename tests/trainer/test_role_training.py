@@ -67,14 +67,14 @@ def test_each_role_trains_its_own_lora_and_the_live_crew_serves_each_role_its_ne
     assert not torch.allclose(researcher, writer)
     # published to their own slots on the live policy
     assert policy.current("researcher") == "crew-researcher-v2" and policy.current("writer") == "crew-writer-v2"
-    assert history[-1]["adapter_researcher"] == "crew-researcher-v2"
+    assert history[-1]["version_researcher"] == "crew-researcher-v2"
     # the recorded adapter of every step: iteration 1 on the base, iteration 2 on the role's v1
     trajectories = [t for t in trainer.recorder.store.trajectories(run_id=trainer.run_id)
                     if t.role is not None]  # the crew episodes' own records hold no steps
     assert {t.role for t in trajectories} == {"researcher", "writer"} and len(trajectories) == 2 * 3 * 2
     for t in trajectories:
         it = t.metadata["iteration"]
-        assert {s.adapter for s in t.transitions} == {None if it == 1 else f"crew-{t.role}-v1"}, (t.role, it)
+        assert {s.version for s in t.transitions} == {None if it == 1 else f"crew-{t.role}-v1"}, (t.role, it)
     # the adapter files hold the role's weights, and the policy serves exactly them
     saved = fb.LocalPolicy(str(taught_model_dir))
     try:

@@ -16,7 +16,7 @@ class SeenSampling(fb.Policy):
 
     def generate(self, messages, tools, sampling, adapter):
         self.calls.append({"seed": sampling.seed})
-        return fb.PolicyOutput(fb.Action(content="ok"), [1, 2], [3], completion_logprobs=[0.0], adapter=adapter)
+        return fb.PolicyOutput(fb.Action(content="ok"), [1, 2], [3], completion_logprobs=[0.0], version=adapter)
 
     def load_version(self, path, version):
         pass

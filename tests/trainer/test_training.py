@@ -81,9 +81,9 @@ def test_new_adapter_serves_the_next_call_of_running_langchain_and_crewai_agents
         agent.invoke({"messages": [{"role": "user", "content": training_task.QUESTION}]})
     with fb.episode("crew", recorder=recorder) as crew_ep:
         crew.kickoff()
-    assert recorder.store.get(lc_ep.id).adapters == {"swap-v1"}
+    assert recorder.store.get(lc_ep.id).versions == {"swap-v1"}
     (role,) = crew_ep.children.values()
-    assert recorder.store.get(role.id).adapters == {"swap-v1"}
+    assert recorder.store.get(role.id).versions == {"swap-v1"}
 
 
 def test_sft_warm_start_fits_demonstrations(choice_model_dir, tmp_path, learning):
@@ -112,7 +112,7 @@ def test_sft_warm_start_fits_demonstrations(choice_model_dir, tmp_path, learning
     after = success_rate(rollout)
     print(f"sft: success {before:.2f} -> {after:.2f}, loss {result['sft_loss_first']:.3f} -> "
           f"{result['sft_loss_last']:.3f}")
-    assert result["adapter"] == "sft-sft" == policy.current()
+    assert result["version"] == "sft-sft" == policy.current()
     assert result["sft_loss_last"] < result["sft_loss_first"]
     learning.note(before, after, 0.3)
     assert after >= before + 0.3

@@ -53,7 +53,7 @@ def test_grpo_rolls_out_on_vllm_and_each_iteration_is_served_by_the_last_update(
     assert len(trajectories) == 3 * 8
     for t in trajectories:
         it = t.metadata["iteration"]
-        assert {s.adapter for s in t.transitions} == {None if it == 1 else f"vl-v{it - 1}"}
+        assert {s.version for s in t.transitions} == {None if it == 1 else f"vl-v{it - 1}"}
         for step in t.transitions:
             assert len(step.completion_logprobs) == len(step.completion_token_ids) >= 1
             assert all(lp <= 0 and math.isfinite(lp) for lp in step.completion_logprobs)
@@ -91,5 +91,5 @@ def test_train_command_starts_vllm_itself(choice_server, tmp_path, monkeypatch, 
     assert server.proc is None or server.proc.poll() is not None  # stopped
     assert "live adapter cli-v2" in capsys.readouterr().out
     with fb.TrajectoryStore(tmp_path / "run" / "trajectories.db") as store:
-        adapters = {s.adapter for t in store.trajectories() for s in t.transitions}
-    assert adapters == {None, "cli-v1"}
+        versions = {s.version for t in store.trajectories() for s in t.transitions}
+    assert versions == {None, "cli-v1"}

@@ -140,11 +140,11 @@ def test_sft_publishes_the_warm_start_not_an_iteration_and_checks_it_on_held_out
         demos = fb.record_demonstrations(make_rollout, tasks(2), trainer.tokenizer, trainer.recorder, progress=False)
         held_out = [{"id": "h", "kind": "add", "question": training_task.QUESTION}]
         result = fb.sft(trainer, demos, fb.SFTConfig(epochs=1), rollout=rollout, held_out=held_out)
-        assert result["adapter"] == "mine-sft" == policy.current() and trainer.iteration == 0
+        assert result["version"] == "mine-sft" == policy.current() and trainer.iteration == 0
         assert set(result["held_out_base"]) == set(result["held_out_sft"]) == {"add"}
         assert result["held_out_verdict"].startswith("held-out check of the warm start, greedy (1 tasks)")
         checks = {t.run_id: t for t in trainer.recorder.store.trajectories() if t.run_id.endswith(("check-base", "check-sft"))}
-        assert {t.transitions[0].adapter for t in checks.values()} == {None, "mine-sft"}  # before, then after
+        assert {t.transitions[0].version for t in checks.values()} == {None, "mine-sft"}  # before, then after
         (history,) = [trainer.train(rollout, tasks(1), iterations=1)]
         assert history[0]["iteration"] == 1 and policy.current() == "mine-v1"  # RL counts from v1
     finally:

@@ -139,7 +139,7 @@ def trajectories(view: RunView, f: Filters) -> str:
 
     heads = "".join(header(label, key) for label, key in (
         ("run", None), ("iteration", "iteration"), ("task", "task"), ("kind", None), ("group", None),
-        ("status", "status"), ("end", None), ("reward", "reward"), ("steps", None), ("adapter", None), ("by", None)))
+        ("status", "status"), ("end", None), ("reward", "reward"), ("steps", None), ("version", None), ("by", None)))
     rows = []
     for row in items:
         t = row.trajectory
@@ -149,7 +149,7 @@ def trajectories(view: RunView, f: Filters) -> str:
                     f"</td><td><a href='{link('/trajectory/', t.id)}'>{html.escape(str(t.task_id))}</a></td>"
                     f"<td>{fmt(row.kind)}</td><td>{group}</td><td>{fmt(t.status)}</td><td>{fmt(t.end_reason)}"
                     f"{' (excluded)' if t.excluded else ''}</td><td>{fmt(t.reward)}</td><td>{row.steps}</td>"
-                    f"<td>{fmt(row.adapter)}</td><td class='by'>{'' if t.behaviour == 'policy' else t.behaviour}</td></tr>")
+                    f"<td>{fmt(row.version)}</td><td class='by'>{'' if t.behaviour == 'policy' else t.behaviour}</td></tr>")
     pages = max(1, -(-total // PER_PAGE))
     nav = []
     if f.page > 1:
@@ -256,7 +256,7 @@ def trajectory(view: RunView, trajectory_id: str, colouring: str = "logprob") ->
         sections.append(
             f"<section class='step' id='step-{step.index}' data-step='{step.index}' "
             f"data-advantage='{step.advantage if step.advantage is not None else ''}' "
-            f"data-trained-tokens='{step.trained_tokens}'><h2>step {step.index} · adapter {fmt(t.adapter)}"
+            f"data-trained-tokens='{step.trained_tokens}'><h2>step {step.index} · version {fmt(t.version)}"
             f" · reward {fmt(t.reward)}{' · terminated' if t.terminated else ''}"
             f"{' · truncated' if t.truncated else ''}</h2><p>{credit}</p>"
             f"<details><summary>what the model saw: {len(messages)} messages, {len(t.observation.tools or [])} tools "
@@ -333,18 +333,18 @@ def compare(view: RunView, task: str = "", a: str = "", b: str = "") -> str:
     if not task:
         return layout("Compare adapter versions", form + "<p>Pick a task answered in more than one evaluation.</p>")
     answers = view.store.attempts(task)
-    rows = "".join(f"<tr><td>{fmt(run)}</td><td>{fmt(adapter)}</td><td>{fmt(reward)}</td><td>"
-                   f"<a href='{link('/trajectory/', tid)}'>{esc(tid[:10])}</a></td></tr>" for tid, run, adapter, reward in answers)
+    rows = "".join(f"<tr><td>{fmt(run)}</td><td>{fmt(version)}</td><td>{fmt(reward)}</td><td>"
+                   f"<a href='{link('/trajectory/', tid)}'>{esc(tid[:10])}</a></td></tr>" for tid, run, version, reward in answers)
     ids = [t[0] for t in answers]
     a = a if a in ids else (ids[0] if ids else "")
     b = b if b in ids else (ids[-1] if ids else "")
     # HtmlDiff writes its labels as they are: escape them here
-    label = {tid: esc(f"{run} ({adapter or 'base model'}): reward {fmt(reward)}") for tid, run, adapter, reward in answers}
+    label = {tid: esc(f"{run} ({version or 'base model'}): reward {fmt(reward)}") for tid, run, version, reward in answers}
     diff = ""
     if a and b:
         diff = difflib.HtmlDiff(wrapcolumn=70).make_table(_transcript(view, a), _transcript(view, b),
                                                           label[a], label[b])
-    body = (f"{form}<h2>Every recorded answer to {html.escape(task)}</h2><table><tr><th>run</th><th>adapter</th>"
+    body = (f"{form}<h2>Every recorded answer to {html.escape(task)}</h2><table><tr><th>run</th><th>version</th>"
             f"<th>reward</th><th>trajectory</th></tr>{rows}</table><h2>Diff</h2><div id='diff'>{diff}</div>")
     return layout("Compare adapter versions", body)
 
