@@ -45,7 +45,7 @@ TESTS = {
 MEASURES = {"grpo": "success at T=1 (96 seeded runs), before -> after",
             "ppo": "success at T=1 (96 seeded runs), before -> after",
             "sft": "success at T=1 (96 seeded runs), before -> after",
-            "guide": "the guide's log-probability under the policy, before -> after",
+            "guide": "the guide's answer's log-probability gain less the policy's own answers' (same state)",
             "offline-feedback": "P(add's call) - P(multiply's call), exact, before -> after",
             "offline-own": "the lesser move of log P(add) up and log P(multiply) down",
             "gateway-process": "share of 64 seeded first moves calling add, before -> after",

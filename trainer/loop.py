@@ -78,9 +78,9 @@ class Trainer:
         self.step_advantages: dict[tuple[str, int], float] = {}
         """(trajectory id, step) -> the advantage this iteration gave it (`record_credit`)."""
         self.step_teacher: dict[tuple[str, int], list[float]] = {}
+        """(trajectory id, step) -> the teacher's log-probabilities of its tokens (distillation)."""
         self.validating: Validating | None = None
         """Validation inside training, while `train(validation=...)` runs."""
-        """(trajectory id, step) -> the teacher's log-probabilities of its tokens (distillation)."""
 
     # ------------------------------------------------------------------ what an algorithm supplies
     def run_iteration(self, rollout: Rollout | rollouts.EpisodeRunner, tasks: Sequence[Any] | TaskSchedule,
@@ -132,23 +132,32 @@ class Trainer:
             self.resume()
         else:
             self.run.refuse_to_overwrite()
-        if validation is not None:
-            kept = self.run.resumed_state.get("validation") if resume else None
-            self.validating = Validating(rollout, validation, Best.from_state(kept) if kept else Best(), iterations)
-            if not self.validating.best.scores:  # the start, scored first: the best is never below it
-                self.run.log.log_event("validation", self.validate(self.iteration))
-        bar = tqdm(range(self.iteration, iterations), desc="training", unit="it",
-                   disable=not self.config.run.progress, initial=self.iteration, total=iterations)
-        for it in bar:
-            metrics = self.run_iteration(rollout, tasks, it)
-            bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", success=f"{metrics['success_rate']:.2f}")
-            v = self.validating
-            if v is not None and v.best.out_of_patience(v.spec.patience):
-                self.say(f"stopping after iteration {it + 1}: {v.spec.patience} validations without a gain")
-                break
-        if self.validating is not None:
-            self.end_validation()
+        self.validating = None if validation is None else self.start_validation(rollout, validation, iterations, resume)
+        try:
+            bar = tqdm(range(self.iteration, iterations), desc="training", unit="it",
+                       disable=not self.config.run.progress, initial=self.iteration, total=iterations)
+            for it in bar:
+                v = self.validating
+                if v is not None and v.best.out_of_patience(v.spec.patience):  # a resumed run that had stopped too
+                    self.say(f"stopping after iteration {it}: {v.spec.patience} validations without a gain")
+                    break
+                metrics = self.run_iteration(rollout, tasks, it)
+                bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", success=f"{metrics['success_rate']:.2f}")
+            if self.validating is not None:
+                self.end_validation()
+        finally:
+            self.validating = None
         return self.history
+
+    def start_validation(self, rollout: Rollout | rollouts.EpisodeRunner, validation: Validation, iterations: int,
+                         resume: bool) -> Validating:
+        """Validation for this `train` call: the scores a resumed run had, else the start's, scored first
+        (the best is never below it)."""
+        kept = self.run.resumed_state.get("validation") if resume else None
+        self.validating = Validating(rollout, validation, Best.from_state(kept) if kept else Best(), iterations)
+        if not self.validating.best.scores:
+            self.run.log.log_event("validation", self.validate(self.iteration))
+        return self.validating
 
     def validate(self, iteration: int) -> dict:
         """Run the validation tasks greedily on the versions served now; their metrics."""
@@ -166,15 +175,13 @@ class Trainer:
         v = self.validating
         assert v is not None and v.best.best is not None
         best = v.best.best
-        served = serve_best(self.policy, v.best, lambda n, slot: (
-            self.publisher.path(n, slot) if n and self.publisher.path(n, slot).is_dir() else None))
+        served = serve_best(self.policy, v.best, self.publisher.folder_of)
         start = min(v.best.scores)
         why = (f"the best on validation ({v.best.scores[best]:.0%}, against {v.best.scores[start]:.0%} at the start)"
                if best != start else f"no later version beat the start on validation ({v.best.scores[start]:.0%})")
         self.run.log.log_event("best_on_validation", {"iteration": best, "versions": served,
                                                        "success": v.best.scores[best], "scores": v.best.scores})
         self.say(f"serving {served.get(DEFAULT_SLOT)} (iteration {best}): {why}")
-        self.validating = None
 
     # ------------------------------------------------------------------ the steps a recipe names
     def collect(self, rollout: Rollout | rollouts.EpisodeRunner, tasks: list[tuple[str, Any]], it: int

@@ -145,6 +145,11 @@ class Publisher:
         """Where version `n` of a slot's LoRA is saved."""
         return self.folder / self.version_name(n, slot)
 
+    def folder_of(self, version: str) -> Path | None:
+        """The adapter folder this run saved `version` in (None: it saved no such version)."""
+        path = self.folder / version
+        return path if path.is_dir() else None
+
     def publish(self, model: Any, n: int | str, weights: dict | None = None) -> dict[str, str]:
         """Save version `n` of every slot's LoRA atomically and make the live policy serve each
         from its slot (a version it already holds is not loaded twice); returns slot -> version.

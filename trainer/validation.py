@@ -3,8 +3,9 @@
 Every `every` iterations (and after the last) the policy, as it serves, runs each validation
 task once, greedily, through the same rollout and recording as training (the probe's held-out
 check, under the run id '<run>-val-<iteration>'). The score is the success rate; a version is
-better than the best so far when `core.types.prefers` says so, the one rule the promotion gate
-uses too (it beats it by more than `margin`). The start is scored first, so the best is never
+better than the best so far when `core.types.prefers` says so (it beats it by more than
+`margin`), the one rule the promotion gate uses too (it refuses a candidate the serving version
+beats by more than its margin). The start is scored first, so the best is never
 below where training started. After `patience` evaluations without a gain the training stops,
 and when it ends the live policy serves the best version: a rollback where the policy still
 holds it, else its adapter folder loaded again under the name '<version>-best'.
@@ -31,7 +32,7 @@ class Validation:
     patience: int | None = None
     """Stop after this many evaluations in a row without a gain (None: never stop early)."""
     margin: float = 0.0
-    """A gain is a success rate above the best by more than this (the promotion gate's rule)."""
+    """A gain is a success rate above the best by more than this (`core.types.prefers`)."""
     kind_key: str = "kind"
     """The task field that names its kind, for the per-kind success (a task without one is 'all')."""
 
@@ -85,9 +86,9 @@ class Best:
                    state["best"], state["without_gain"])
 
 
-def serve_best(policy: Any, best: Best, path_of: Any) -> dict[str, str | None]:
+def serve_best(policy: Any, best: Best, folder_of: Any) -> dict[str, str | None]:
     """Make each slot serve the version it served at the best iteration; returns slot -> the
-    version served now. `path_of(iteration, slot)`: that version's adapter folder, or None."""
+    version served now. `folder_of(version)`: that version's adapter folder, or None."""
     assert best.best is not None
     now = {}
     for slot, version in best.served[best.best].items():
@@ -95,11 +96,16 @@ def serve_best(policy: Any, best: Best, path_of: Any) -> dict[str, str | None]:
             while policy.current(slot) != version:
                 policy.rollback(slot)
         elif policy.current(slot) != version:
-            path = path_of(best.best, slot)
+            path = folder_of(version)
             if path is None:
                 raise FileNotFoundError(f"the best version on validation, {version!r}, is no longer held by the "
                                         "policy and has no adapter folder in this run")
-            policy.load_adapter(path, f"{version}-best", slot=slot)
+            again = f"{version}-best"
+            if again in policy.versions(slot):  # loaded again by an earlier run on this policy, and still held
+                while policy.current(slot) != again:
+                    policy.rollback(slot)
+            else:
+                policy.load_adapter(path, again, slot=slot)
         now[slot] = policy.current(slot)
     return now
 

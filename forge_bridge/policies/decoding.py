@@ -28,6 +28,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from forge_bridge.policies.machine import synchronize
 from forge_bridge.policies.next_token import ForcedOpening, sample_next
 
 BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
@@ -175,11 +176,6 @@ class Decoder:
             firsts.setdefault(slot, i)
         fed = [rows[i] for i in firsts.values()]  # in slot order
         fed_pasts = None if pasts is None else [pasts[i] for i in firsts.values()]
-        reused = [r for r, _ in pasts] if pasts else [0] * len(rows)
-        new = [len(row.request.prompt) - r for row, r in zip(rows, reused)]
-        self.prefilled_tokens += sum(new[i] for i in firsts.values())
-        self.shared_tokens += sum(new) - sum(new[i] for i in firsts.values())
-        self.reused_tokens += sum(reused)
         n = len(fed)
         if fed_pasts is None:
             width = max(len(r.request.prompt) for r in fed)
@@ -197,7 +193,13 @@ class Decoder:
             row.position = len(row.request.prompt)
         start = time.perf_counter()
         logits, cache = self._forward(ids, mask, positions, cache, fed)
+        synchronize(self.device)
         self.prefill_s += time.perf_counter() - start
+        reused = [r for r, _ in pasts] if pasts else [0] * len(rows)
+        new = [len(row.request.prompt) - r for row, r in zip(rows, reused)]
+        self.prefilled_tokens += sum(new[i] for i in firsts.values())
+        self.shared_tokens += sum(new) - sum(new[i] for i in firsts.values())
+        self.reused_tokens += sum(reused)
         self.prefills += 1
         if n < len(rows):  # one copy of the shared prompt's KV and logits per row
             copies = torch.tensor(index, device=self.device)
@@ -301,6 +303,7 @@ class Decoder:
         mask = torch.cat([self.mask, torch.ones((len(self.rows), 1), dtype=torch.long, device=self.device)], 1)
         start = time.perf_counter()
         logits, self.cache = self._forward(ids, mask, positions, self.cache, self.rows)
+        synchronize(self.device)
         self.decode_s += time.perf_counter() - start
         self.decoded_tokens += len(self.rows)
         self.mask = mask

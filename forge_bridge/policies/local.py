@@ -322,7 +322,8 @@ class LocalPolicy(Policy):
         """Matmul FLOPs of one token through the model's weights (attention over the context
         aside): twice the body's weights, and the output head's too in decoding (a prefill
         computes logits at a prompt's last position only)."""
-        body = sum(p.numel() for n, p in self.model.named_parameters() if "embed" not in n and "lm_head" not in n)
+        body = sum(p.numel() for n, p in self.model.named_parameters()
+                   if not any(part in n for part in ("embed", "lm_head", "lora_")))  # a LoRA's matmuls are thin
         head = self.model.get_output_embeddings().weight.numel() if decode else 0
         return 2.0 * (body + head)
 

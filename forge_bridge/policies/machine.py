@@ -24,15 +24,26 @@ def matmul_gflops(dtype: str = "float32", device: str = "cpu", size: int = 1024,
     a = torch.randn(size, size, device=device).to(kind)
     b = torch.randn(size, size, device=device).to(kind)
     a @ b  # warm up (kernel choice, allocation)
+    synchronize(device)
     runs, start = 0, time.perf_counter()
     while True:
         a @ b
         runs += 1
-        if device != "cpu":
-            torch.cuda.synchronize()
+        synchronize(device)
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
             return 2.0 * size**3 * runs / elapsed / 1e9
+
+
+def synchronize(device: str) -> None:
+    """Wait for the work queued on `device` (a no-op on the CPU), so a clock read after it counts it."""
+    import torch
+
+    kind = device.split(":")[0]
+    if kind == "cuda":
+        torch.cuda.synchronize(device)
+    elif kind == "mps":
+        torch.mps.synchronize()
 
 
 def decoding_rates(policy: Any, before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -42,7 +53,7 @@ def decoding_rates(policy: Any, before: dict[str, float], after: dict[str, float
     done = {key: after[key] - before[key] for key in after}
     metrics: dict[str, float] = {key: int(done[key]) for key in
                                  ("prefill_tokens", "prefill_shared_tokens", "prefill_reused_tokens", "decode_tokens")}
-    limit = matmul_gflops(str(policy.dtype).removeprefix("torch."), str(policy.device).split(":")[0]) * 1e9
+    limit = matmul_gflops(str(policy.dtype).removeprefix("torch."), str(policy.device)) * 1e9
     metrics["matmul_gflops"] = limit / 1e9
     for phase, decode in (("prefill", False), ("decode", True)):
         if done[f"{phase}_s"] > 0:

@@ -64,6 +64,10 @@ def test_the_best_version_on_validation_serves_when_the_run_stops_for_want_of_a_
         (stored,) = trainer.recorder.store.trajectories(run_id=f"{trainer.run_id}-val-4")[:1]
         assert stored.transitions  # the validation rollouts are recorded apart from the training ones
         assert not trainer.recorder.store.trajectories(run_id=trainer.run_id, task_id="val-0")
+        # resumed, it stops at once (its checkpoint holds the scores and the evaluations without a gain)
+        again = trainer.train(rollout_scoring(policy, solved), training_task.TASKS, 6, resume=True,
+                              validation=VALIDATION, patience=3)
+        assert len(again) == 4 and policy.current() == "val-v1-best"
     finally:
         trainer.close()
         policy.close()
