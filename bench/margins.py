@@ -31,8 +31,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = {
-    "grpo": "tests/trainer/test_training.py::test_rl_improves_the_success_rate_and_moves_only_the_lora[grpo]",
-    "ppo": "tests/trainer/test_training.py::test_rl_improves_the_success_rate_and_moves_only_the_lora[ppo]",
+    "grpo": "tests/trainer/test_training.py::test_rl_moves_only_the_lora_and_the_success_rate_within_its_measured_spread[grpo]",
+    "ppo": "tests/trainer/test_training.py::test_rl_moves_only_the_lora_and_the_success_rate_within_its_measured_spread[ppo]",
     "sft": "tests/trainer/test_training.py::test_sft_warm_start_fits_demonstrations",
     "guide": "tests/trainer/test_teacher.py::test_demonstrations_guide_a_group_the_policy_fails_and_are_learned",
     "offline-feedback": "tests/trainer/test_offline.py::test_production_episodes_with_noisy_feedback_teach_the_student",

@@ -16,13 +16,18 @@ def choice_model_dir(tmp_path_factory):
     return training_task.choice_model(tmp_path_factory.mktemp("choice") / "model")
 
 
+SOUND = {"grpo": -0.10, "ppo": -0.40}
+"""The least gain a seed's run may show: mean - 4 std over 20 seeds, rounded down (bench/margins.py)."""
+
+
 def success_rate(rollout, n: int = 96) -> float:
     # One at a time: with the seeds fixed, the run is then the same on every machine.
     return sum(rollout(training_task.TASKS[0]) for _ in range(n)) / n
 
 
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
-def test_rl_improves_the_success_rate_and_moves_only_the_lora(algo, choice_model_dir, tmp_path, learning):
+def test_rl_moves_only_the_lora_and_the_success_rate_within_its_measured_spread(algo, choice_model_dir, tmp_path,
+                                                                              learning):
     torch.manual_seed(learning.seed)
     policy = fb.LocalPolicy(choice_model_dir)
     agent = training_task.agent_for(policy)  # built once; every new adapter serves it in place
@@ -42,8 +47,13 @@ def test_rl_improves_the_success_rate_and_moves_only_the_lora(algo, choice_model
     after = success_rate(rollout)
     print(f"{algo}: success {before:.2f} -> {after:.2f}; rewards per iteration "
           f"{[round(h['reward_mean'], 2) for h in history]}")
-    learning.note(before, after, 0.15)
-    assert after >= before + 0.15, (before, after)
+    # The gain over 20 seeds (bench/margins.py, docs/experiments/margins.md): GRPO +0.10 to +0.41
+    # (0.27 ± 0.09), PPO -0.28 to +0.47 (0.27 ± 0.16). A threshold 4 standard deviations below
+    # the mean is all a test can hold without failing by chance, and it is below 0: this asserts
+    # the run stays within that spread; whether RL learns is measured with seeds, not asserted here.
+    least = SOUND[algo]
+    learning.note(before, after, least)
+    assert after >= before + least, (before, after)
     for n, p in trainer.model.named_parameters():
         if "lora_" in n:
             continue
@@ -114,8 +124,9 @@ def test_sft_warm_start_fits_demonstrations(choice_model_dir, tmp_path, learning
           f"{result['sft_loss_last']:.3f}")
     assert result["version"] == "sft-sft" == policy.current()
     assert result["sft_loss_last"] < result["sft_loss_first"]
-    learning.note(before, after, 0.3)
-    assert after >= before + 0.3
+    # +0.32 to +0.55 over 20 seeds (0.44 ± 0.06): sound at 0.20
+    learning.note(before, after, 0.2)
+    assert after >= before + 0.2
 
 
 def test_bad_trainer_input_is_a_clear_error(choice_model_dir, tmp_path):
