@@ -31,7 +31,7 @@ demo: $(STAMP)
 test: system $(STAMP) $(VLLM_STAMP) core models
 	$(VENV)/bin/ruff check .
 	MYPY=$(VENV)/bin/mypy PYTHON=$(PY) .ci/typecheck
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 	@# from its own folder: the checkout's forge_bridge/ must not shadow the installed core
 	cd tests/core_only && ../../$(CORE_VENV)/bin/python -m pytest -q -p no:cacheprovider .
 
