@@ -2,7 +2,7 @@
 (examples/own_agent) with the default model.
 
 For each learning rate a fresh LoRA is fitted to the template's 12 demonstrations (30 model
-calls, one sample each: `merge_steps` is off, as in the template; batch 8) for up to `--epochs`
+calls; batch 8 calls, merged or not: it was measured with each call a sample of its own) for up to `--epochs`
 passes; after each pass the adapter is published to the live agent and the template's training
 tasks (20, which SFT never sees: the validation split of this sweep) are run once each, greedily. The held-out tasks are not touched. The rule, fixed before the run: the
 default is the (lr, epochs) with the highest validation success; a tie goes to fewer epochs,

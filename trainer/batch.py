@@ -47,6 +47,11 @@ class Sample:
     """How the objective treats its completion tokens: 'policy' (its own samples: the clipped
     surrogate), 'guide' (a guide trajectory's: shaped) or 'relabel' (a teacher's action: imitated)."""
 
+    @property
+    def calls(self) -> int:
+        """The model calls it trains: one per step merged into it (a relabelled state: one)."""
+        return max(1, len(self.steps))
+
 
 def scoring_temperature(temperature: float | None) -> float:
     """The temperature a step's tokens are scored at: its sampling temperature; 1 where it was

@@ -110,14 +110,14 @@ class TrainerConfig(metaclass=_Nested):
     PPO's whitening and as recorded there, centred only by GRPO's `span_baseline` (0: ignore them)."""
     max_seq_len: int = 1024
     """Longest training sequence; longer ones are truncated and counted."""
-    merge_steps: bool = False
+    merge_steps: bool = True
     """Train consecutive calls whose prompt continues the previous call's prompt and completion
     token for token as one sequence (each step's advantage on its own tokens, the tool results in
-    between untrained): a minibatch's loss and gradients are those of one sequence per call, for
-    the history encoded once (`test_merged_steps_give_the_per_step_loss_and_gradients_for_fewer_tokens`).
-    Off by default because minibatches and SFT batches count sequences, so merging also changes
-    how many optimizer steps an iteration takes (the demo sets it; `merge_share/<front end>` logs
-    where it would apply)."""
+    between untrained): the loss and gradients of one sequence per call, the history encoded once
+    (`test_merged_steps_give_the_per_step_loss_and_gradients_for_fewer_tokens`; tokens and seconds:
+    bench/merge.py). A call that does not continue (a front end that re-serialised the history)
+    starts a sequence of its own. Minibatches count calls, so merging leaves the optimizer steps
+    as they were. Token aggregation only: `aggregation='sequence'` averages a sequence as one."""
     skip_uniform_groups: bool | None = None
     """GRPO with the group baseline: leave out groups whose every advantage is 0 and whose span
     rewards do not differ (no signal against their own group). None: skip them only without a KL
@@ -136,6 +136,9 @@ class TrainerConfig(metaclass=_Nested):
                "a finite number >= 0", self.span_weight)
         check(count(self.max_seq_len, 1), "max_seq_len", "an int >= 1", self.max_seq_len)
         check(isinstance(self.merge_steps, bool), "merge_steps", "a bool", self.merge_steps)
+        check(not (self.merge_steps and self.loss.aggregation == "sequence"), "merge_steps",
+              "False with loss aggregation='sequence' (a merged sequence would be averaged as one call)",
+              self.merge_steps)
         check(self.skip_uniform_groups is None or isinstance(self.skip_uniform_groups, bool), "skip_uniform_groups",
               "a bool or None", self.skip_uniform_groups)
 
@@ -287,7 +290,8 @@ class SFTConfig:
     """AdamW learning rate of the LoRA (the trainer's RL rate, 1e-4, leaves the default model
     where it was on a dozen demonstrations: the same sweep)."""
     batch_size: int | None = 8
-    """Sequences per optimizer step (None: the trainer's `minibatch_size`)."""
+    """Model calls per optimizer step (None: the trainer's `minibatch_size`); a merged sequence
+    counts each call it holds (`GRPOConfig.merge_steps`)."""
     publish: bool = True
     """Publish the result to the live policy as version '<run>-sft'."""
 

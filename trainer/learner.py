@@ -311,14 +311,25 @@ class Reference:
                 return token_logprobs(model, *args, share_prefix=share_prefix)[0]
 
 
-def plan(rng: Random, count: int, epochs: int, minibatch_size: int) -> list[list[list[int]]]:
+def plan(rng: Random, calls: Sequence[int], epochs: int, minibatch_size: int) -> list[list[list[int]]]:
     """Which samples each optimizer step takes: epochs x minibatches x sample indices, each
-    epoch's order shuffled by `rng`."""
+    epoch's order shuffled by `rng`. `calls[i]` is the model calls sample i trains (more than one
+    where an episode's calls were merged): a minibatch takes samples until it holds
+    `minibatch_size` calls, so merging changes what a sequence holds, not how many optimizer steps
+    an iteration takes (one call per sample: minibatches of `minibatch_size` samples)."""
     out = []
     for _ in range(epochs):
-        order = list(range(count))
+        order = list(range(len(calls)))
         rng.shuffle(order)
-        out.append([order[start:start + minibatch_size] for start in range(0, count, minibatch_size)])
+        steps: list[list[int]] = [[]]
+        held = 0
+        for i in order:
+            if held >= minibatch_size:
+                steps.append([])
+                held = 0
+            steps[-1].append(i)
+            held += calls[i]
+        out.append([step for step in steps if step])
     return out
 
 

@@ -213,7 +213,7 @@ class Trainer:
         """The active slot's optimizer steps on these samples (`Learner.update`: epochs x
         minibatches, each forward, objective, backward, clip and step), on every rank of a job."""
         c = self.config.optimizer
-        steps = plan(self.run.rng, len(samples), c.epochs, c.minibatch_size)
+        steps = plan(self.run.rng, [s.calls for s in samples], c.epochs, c.minibatch_size)
         return self._update(self.learner.active_slot, samples, steps)
 
     def follow_update(self, slot: str, samples: list[Sample], steps: list) -> dict:

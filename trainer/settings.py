@@ -85,7 +85,7 @@ class OptimizerConfig:
     epochs: int = 1
     """Passes over each iteration's samples."""
     minibatch_size: int = 64
-    """Sequences per optimiser step. More than an iteration's samples: one step on all of them, so
+    """Model calls per optimizer step (a merged sequence counts each call it holds). More than an iteration's samples: one step on all of them, so
     opposite pushes of two kinds of task on a decision they share cancel instead of taking turns
     (measured on the demo: docs/experiments/demo.md)."""
     microbatch_size: int | None = 8

@@ -121,9 +121,13 @@ def _fit(trainer: "Trainer", samples: list, config: SFTConfig, slot: str, desc: 
     size = config.batch_size or c.minibatch_size
     learner.model.train()
     losses: list[float] = []
-    with tqdm(total=config.epochs * -(-len(samples) // size), desc=desc, disable=not trainer.config.run.progress) as bar:
+    calls = [s.calls for s in samples]
+    with tqdm(desc=desc, disable=not trainer.config.run.progress) as bar:
         for epoch in range(1, config.epochs + 1):
-            for minibatch in plan(trainer.run.rng, len(samples), 1, size)[0]:
+            steps = plan(trainer.run.rng, calls, 1, size)[0]
+            if epoch == 1:
+                bar.reset(total=config.epochs * len(steps))  # an estimate: packing merged samples varies a little
+            for minibatch in steps:
                 stats = learner.step([samples[i] for i in minibatch], _objective, stepping)
                 losses.append(stats["loss"])
                 bar.update(1)

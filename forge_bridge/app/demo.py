@@ -215,8 +215,11 @@ class DemoRun:
         t = self.phase(f"recording {len(shown)} demonstrations of {', '.join(config.demonstrate)} through the same "
                        "middleware (scripted expert)")
         self.demos = demos = self.demonstrate(shown, "demonstrations")
+        # every call of an iteration in one optimizer step, as measured (OptimizerConfig.minibatch_size)
+        every_call = sum(config.rl_tasks_per_kind) * (config.group_size + config.guide_k) * config.max_model_calls
         trainer = fb.GRPOTrainer(self.policy, fb.GRPOConfig(  # the defaults otherwise: the demo measured them
             rollout=fb.RolloutConfig(group_size=config.group_size, concurrency=config.concurrency),
+            optimizer=fb.OptimizerConfig(minibatch_size=every_call),
             run=fb.RunConfig(name="demo", out_dir=str(self.out), seed=config.seed, progress=self.progress),
             baseline=config.baseline, max_seq_len=768, merge_steps=True, relabel_weight=config.relabel_weight,
             distill_beta=config.distill_beta,
@@ -226,7 +229,9 @@ class DemoRun:
         if not config.sft_epochs:  # GRPO from the base model; its KL reference is the base
             self.timings["demos"] = time.perf_counter() - t
             return trainer, {"sft_demonstrations": 0}
-        warm = sft(trainer, demos, SFTConfig(epochs=config.sft_epochs, lr=config.sft_lr, batch_size=8))
+        # the calls of 8 demonstrations a step, as measured when batches counted merged episodes
+        batch = max(1, round(8 * sum(len(d) for d in demos) / max(len(demos), 1)))
+        warm = sft(trainer, demos, SFTConfig(epochs=config.sft_epochs, lr=config.sft_lr, batch_size=batch))
         print(f"  SFT on {warm['sft_demonstrations']} episodes: loss {warm['sft_loss_first']:.3f} -> "
               f"{warm['sft_loss_last']:.3f}; published {warm['version']} to the live agent")
         if trainer.config.loss.kl_beta > 0:
@@ -296,7 +301,7 @@ class DemoRun:
         self.teacher_policy = policy = fb.LocalPolicy(config.model, max_batch=config.concurrency)
         trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
             run=fb.RunConfig(name="teacher", out_dir=str(self.out / "teacher"), seed=config.seed,
-                             progress=self.progress), max_seq_len=768))
+                             progress=self.progress), max_seq_len=768, merge_steps=False))  # as measured: docs/teacher.md
         warm = sft(trainer, demos, SFTConfig(epochs=config.sft_epochs, lr=config.sft_lr, batch_size=8))
         trainer.close()
         print(f"  teacher SFT on {warm['sft_demonstrations']} episodes ({warm['sft_samples']} model calls): "

@@ -26,7 +26,7 @@ def test_microbatches_give_the_same_step_as_one_pass(tmp_path, aggregation):
     after = []
     for micro in (None, 2):
         trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
-            lr=1e-2, minibatch_size=8, grad_clip=1e9, microbatch_size=micro, loss_aggregation=aggregation,
+            lr=1e-2, minibatch_size=8, grad_clip=1e9, microbatch_size=micro, loss_aggregation=aggregation, merge_steps=False,
             out_dir=str(tmp_path / f"run-{micro}"), progress=False, seed=0, bf16=False))
         stats = trainer.update(samples(trainer.tokenizer.vocab_size))
         assert stats["optimizer_steps"] == 1

@@ -1,5 +1,7 @@
 """Samples come from the recorded token ids, with the loss on completions only."""
 
+from random import Random
+
 import pytest
 import torch
 
@@ -7,6 +9,7 @@ from forge_bridge.core.errors import ForgeBridgeError
 from forge_bridge.core.types import Action, Observation, Trajectory, Transition
 from forge_bridge.trainer.advantages import all_token_advantages
 from forge_bridge.trainer.batch import build_samples, collate, trained_tokens_per_step
+from forge_bridge.trainer.learner import plan
 
 
 def step(prompt, completion, logprobs=None):
@@ -157,3 +160,34 @@ def test_merged_steps_give_the_per_step_loss_and_gradients_for_fewer_tokens():
     again, stats = build_samples([Trajectory(transitions=steps)], advantages, 4096, merge=True)
     # step 4 starts a sample of its own, and step 5 (which extends the original, not step 4) one more
     assert len(again) == 3 and stats.metrics()["merge_share/langchain"] == 7 / 9
+
+
+class InOrder(Random):
+    """A shuffle that keeps the order, so that a plan can be computed by hand."""
+
+    def shuffle(self, x, *args) -> None:
+        pass
+
+
+def test_minibatches_count_model_calls_so_merging_keeps_the_optimizer_steps():
+    # calls per sample 3, 1, 2, 1, 1, 4 and 4 calls a step: [3 + 1], [2 + 1 + 1], [4]
+    assert plan(InOrder(), [3, 1, 2, 1, 1, 4], 2, 4) == [[[0, 1], [2, 3, 4], [5]]] * 2
+    # one call per sample: minibatches of minibatch_size samples, in the shuffle's order
+    order = list(range(10))
+    Random(7).shuffle(order)
+    assert plan(Random(7), [1] * 10, 1, 4) == [[order[:4], order[4:8], order[8:]]]
+    # four episodes of three calls, 6 calls a step: two steps, merged or not
+    episodes = []
+    for e in range(4):
+        prompt, steps = [1, 2, e], []
+        for k in range(3):
+            steps.append(step(prompt, [10 + k]))
+            prompt = prompt + [10 + k, 5]  # the completion and a tool result
+        episodes.append(Trajectory(transitions=steps))
+    ones = [torch.ones(3)] * 4
+    per_step, _ = build_samples(episodes, ones, 4096)
+    merged, _ = build_samples(episodes, ones, 4096, merge=True)
+    assert [s.calls for s in per_step] == [1] * 12 and [s.calls for s in merged] == [3] * 4
+    for samples in (per_step, merged):
+        (steps,) = plan(Random(0), [s.calls for s in samples], 1, 6)
+        assert [sum(samples[i].calls for i in step) for step in steps] == [6, 6]

@@ -11,11 +11,18 @@ from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.trainer.config import FLAT_NAMES, PARTS
 
 
+def test_merged_calls_need_the_token_average():
+    assert fb.GRPOConfig().merge_steps and fb.GRPOConfig(merge_steps=False, loss_aggregation="sequence")
+    with pytest.raises(ValueError, match="merge_steps.*aggregation='sequence'"):
+        fb.GRPOConfig(loss_aggregation="sequence")
+
+
 def test_flat_names_and_nested_parts_make_the_same_config():
-    flat = fb.GRPOConfig(lr=3e-4, group_size=4, lora_rank=8, loss_aggregation="sequence", run_name="r", kl_beta=0.1)
+    flat = fb.GRPOConfig(lr=3e-4, group_size=4, lora_rank=8, loss_aggregation="sequence", run_name="r", kl_beta=0.1,
+                         merge_steps=False)
     nested = fb.GRPOConfig(optimizer=fb.OptimizerConfig(lr=3e-4), rollout=fb.RolloutConfig(group_size=4),
                            lora=fb.LoRAConfig(rank=8), loss=fb.LossConfig(aggregation="sequence", kl_beta=0.1),
-                           run=fb.RunConfig(name="r"))
+                           run=fb.RunConfig(name="r"), merge_steps=False)
     assert flat == nested and hash(flat) == hash(nested)
     assert flat.lr == flat.optimizer.lr == 3e-4 and flat.lora_rank == flat.lora.rank == 8
     assert flat.loss_aggregation == "sequence" and flat.run_name == "r"
