@@ -48,7 +48,8 @@ class Distributed:
 
 
 FLAT_NAMES: dict[str, tuple[str, str]] = {
-    **{name: ("rollout", name) for name in ("group_size", "tasks_per_iteration", "concurrency", "success_threshold")},
+    **{name: ("rollout", name) for name in ("group_size", "tasks_per_iteration", "concurrency", "success_threshold",
+                                            "max_staleness")},
     **{name: ("optimizer", name) for name in ("lr", "epochs", "minibatch_size", "microbatch_size", "warmup_steps",
                                               "grad_clip", "max_memory_gb", "device", "bf16", "gradient_checkpointing")},
     "lora_rank": ("lora", "rank"), "lora_alpha": ("lora", "alpha"), "lora_targets": ("lora", "targets"),

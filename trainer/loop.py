@@ -81,6 +81,8 @@ class Trainer:
         """(trajectory id, step) -> the teacher's log-probabilities of its tokens (distillation)."""
         self.validating: Validating | None = None
         """Validation inside training, while `train(validation=...)` runs."""
+        self.ahead: rollouts.Ahead | None = None
+        """The next iteration's rollouts running during the update, while `train` runs with `max_staleness`."""
 
     # ------------------------------------------------------------------ what an algorithm supplies
     def run_iteration(self, rollout: Rollout | rollouts.EpisodeRunner, tasks: Sequence[Any] | TaskSchedule,
@@ -133,6 +135,8 @@ class Trainer:
         else:
             self.run.refuse_to_overwrite()
         self.validating = None if validation is None else self.start_validation(rollout, validation, iterations, resume)
+        if self.config.rollout.max_staleness:
+            self.ahead = rollouts.Ahead(lambda n: self.roll(rollout, self.tasks_for(tasks, n), n), iterations)
         try:
             bar = tqdm(range(self.iteration, iterations), desc="training", unit="it",
                        disable=not self.config.run.progress, initial=self.iteration, total=iterations)
@@ -147,6 +151,12 @@ class Trainer:
                 self.end_validation()
         finally:
             self.validating = None
+            if self.ahead is not None:
+                left, self.ahead = self.ahead.close(), None
+                if left:  # recorded, never to be trained by this call: excluded, and why
+                    n = self.run.exclude_iterations([it + 1 for it in left], f"collected ahead for iteration "
+                                                    f"{left[0] + 1}; the run stopped before training it")
+                    self.run.log.log_event("rollouts_not_trained", {"iteration": left[0] + 1, "trajectories": n})
         return self.history
 
     def start_validation(self, rollout: Rollout | rollouts.EpisodeRunner, validation: Validation, iterations: int,
@@ -187,7 +197,23 @@ class Trainer:
     def collect(self, rollout: Rollout | rollouts.EpisodeRunner, tasks: list[tuple[str, Any]], it: int
                 ) -> tuple[list[TrajectoryGroup], dict]:
         """Iteration `it`'s rollouts of these (task id, task) pairs, as trainable groups: on
-        threads here, or on the runner's workers (which reach the policy this trainer publishes to)."""
+        threads here, or on the runner's workers (which reach the policy this trainer publishes to).
+        With `max_staleness` >= 1 they were collected during the last update, and the next
+        iteration's start now; a trajectory older than that bound is left out (`rollouts.drop_stale`)."""
+        ahead = self.ahead.take(it) if self.ahead is not None else None
+        groups, stats = ahead if ahead is not None else self.roll(rollout, tasks, it)
+        if self.ahead is None:
+            return groups, stats
+        self.ahead.start(it + 1)
+        # a step's lag: the update's version (it; 0: the start) less its own (0: not one of this run's)
+        served = {self.version_name(n, slot): n for n in range(1, it + 1) for slot in self.publisher.slots}
+        groups, stale = rollouts.drop_stale(groups, lambda version: it - served.get(version or "", 0),
+                                            self.config.rollout.max_staleness)
+        return groups, stats | stale
+
+    def roll(self, rollout: Rollout | rollouts.EpisodeRunner, tasks: list[tuple[str, Any]], it: int
+             ) -> tuple[list[TrajectoryGroup], dict]:
+        """Run iteration `it`'s rollouts now (`rollouts.collect`), with the decoding rates they had."""
         before = self.policy.decoding_counts()
         groups, stats = rollouts.collect(
             rollout, tasks, it, recorder=self.recorder, run_id=self.run_id, group_size=self.config.rollout.group_size,

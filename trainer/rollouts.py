@@ -13,9 +13,11 @@ episodes are not, and are counted.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 import random
-from concurrent.futures import ThreadPoolExecutor, as_completed
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, cast
 
@@ -170,6 +172,62 @@ def collect(rollout: Rollout | EpisodeRunner, tasks: list[tuple[str, Any]], it: 
                      success_threshold, it)
 
 
+def drop_stale(groups: list[TrajectoryGroup], age: Callable[[str | None], int], max_staleness: int
+               ) -> tuple[list[TrajectoryGroup], dict]:
+    """The groups without their trajectories that have a step served more than `max_staleness`
+    versions before the update (`age(version)`: how many versions the step's lags the update's),
+    and what that did: `stale_dropped` (trajectories left out, never trained), `staleness_max`
+    (the oldest step's lag) and `stale_step_share` (the share of steps served by an older version)."""
+    kept: list[TrajectoryGroup] = []
+    dropped = oldest = stale = steps = 0
+    for group in groups:
+        mine = []
+        for traj in group.trajectories:
+            ages = [age(step.version) for step in traj.transitions]
+            oldest, stale, steps = max([oldest, *ages]), stale + sum(a > 0 for a in ages), steps + len(ages)
+            if ages and max(ages) > max_staleness:
+                dropped += 1
+            else:
+                mine.append(traj)
+        if mine:
+            kept.append(dataclasses.replace(group, trajectories=mine))
+    return kept, {"stale_dropped": dropped, "staleness_max": oldest, "stale_step_share": stale / max(steps, 1)}
+
+
+class Ahead:
+    """The next iteration's rollouts, collected on a thread of their own while this iteration
+    updates (`RolloutConfig.max_staleness` >= 1): `collect(it)` runs iteration `it`'s rollouts."""
+
+    def __init__(self, collect: Callable[[int], tuple[list[TrajectoryGroup], dict]], iterations: int) -> None:
+        self.collect, self.iterations = collect, iterations
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="forge-rollouts-ahead")
+        self.pending: dict[int, Future] = {}
+
+    def start(self, it: int) -> None:
+        """Begin iteration `it`'s rollouts, unless the run ends before it or they already run."""
+        if it < self.iterations and it not in self.pending:
+            self.pending[it] = self.pool.submit(self.collect, it)
+
+    def take(self, it: int) -> tuple[list[TrajectoryGroup], dict] | None:
+        """Iteration `it`'s rollouts, once done (None: none were started ahead); their error, if any."""
+        future = self.pending.pop(it, None)
+        return None if future is None else future.result()
+
+    def close(self) -> list[int]:
+        """Wait for rollouts still running (they use the policy) and end the thread; returns the
+        iterations whose rollouts were collected but will not be trained in this call (their
+        episodes stay in the store; a resumed run collects those iterations again)."""
+        left = sorted(self.pending)
+        for future in self.pending.values():
+            try:
+                future.result()
+            except Exception as exc:  # the run is over: nobody trains on these rollouts; say what went wrong
+                warnings.warn(f"rollouts collected ahead and not trained failed: {exc}", RuntimeWarning, stacklevel=2)
+        self.pending.clear()
+        self.pool.shutdown()
+        return left
+
+
 def check_outcomes(outcomes: list[Outcome], it: int) -> list[str]:
     """Raise `RolloutError` when the iteration cannot be trained on (the reward function is
     broken, or every rollout raised or was lost); returns the lost episodes' reasons."""
@@ -249,5 +307,5 @@ def call_formats(trajectories: list[Trajectory]) -> dict[str, float]:
     return {name: n / total for name, n in sorted(counts.items())}
 
 
-__all__ = ["EpisodeRunner", "call_formats", "field_of", "Job", "Outcome", "Rollout", "RolloutError", "TaskSchedule", "check_outcomes",
+__all__ = ["Ahead", "drop_stale", "EpisodeRunner", "call_formats", "field_of", "Job", "Outcome", "Rollout", "RolloutError", "TaskSchedule", "check_outcomes",
            "check_reward", "collect", "read_back", "episode_metadata", "run_episode", "run_threaded", "task_id_of", "tasks_for"]

@@ -97,6 +97,15 @@ class RunFolder:
                                learner.heads, {"config": self.settings,
                                                "trainer_rng": list(self.rng.getstate()[1]), **state}, full)
 
+    def exclude_iterations(self, iterations: Sequence[int], why: str) -> int:
+        """Mark the run's rollouts of these iterations (1-based) excluded from training, with why;
+        returns how many."""
+        store = self.recorder.store
+        ids = [t.id for t in store.iter(run_id=self.run_id)
+               if t.excluded is None and t.metadata.get("iteration") in set(iterations)]
+        store.exclude(ids, why)
+        return len(ids)
+
     def resume(self, learner: "Learner", check: Callable[[dict, Path], None]) -> bool:
         """Restore the learner and the random states from the last checkpoint (none: start over),
         after `check(state, path)` accepted it (a refusal changes nothing); the interrupted

@@ -65,10 +65,16 @@ class RolloutConfig:
     """Rollouts run at once (the embedded policy batches their model calls)."""
     success_threshold: float = 1.0
     """A rollout whose reward reaches this counts as a success (`core.types.succeeded`)."""
+    max_staleness: int = 0
+    """Versions a trained step may lag the update. 0: each iteration's rollouts run after the last
+    update, on its version. k >= 1: the next iteration's rollouts run while this one updates, on
+    the version served then (one behind), and a trajectory with a step served more than k
+    versions before its update is left out and counted (`stale_dropped`); TIS weighs the rest."""
 
     def __post_init__(self) -> None:
         for name in ("group_size", "concurrency"):
             check(count(getattr(self, name), 1), name, "an int >= 1", getattr(self, name))
+        check(count(self.max_staleness, 0), "max_staleness", "an int >= 0", self.max_staleness)
         check(self.tasks_per_iteration is None or count(self.tasks_per_iteration, 1), "tasks_per_iteration",
                "an int >= 1 or None", self.tasks_per_iteration)
         check(number(self.success_threshold) and math.isfinite(self.success_threshold), "success_threshold",

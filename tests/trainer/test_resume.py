@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from forge_bridge.core.store import TrajectoryStore
 
 import training_task
@@ -22,7 +24,7 @@ SCRIPT = textwrap.dedent("""
 
     policy = fb.LocalPolicy({model!r})
     trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(group_size=4, lr=3e-3, out_dir={out!r},
-                                                   run_name="crash", progress=False))
+                                                   run_name="crash", progress=False, max_staleness={staleness}))
     prepare = trainer.prepare
 
     def slow_prepare(groups):  # the update phase of an iteration begins here
@@ -38,16 +40,19 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def run(tmp: Path, model: str, kill_at: int, resume: bool) -> subprocess.Popen:
+def run(tmp: Path, model: str, kill_at: int, resume: bool, staleness: int = 0) -> subprocess.Popen:
     code = SCRIPT.format(tests=str(Path(__file__).parent), model=model, out=str(tmp / "run"),
-                         kill_at=kill_at, resume=resume)
+                         kill_at=kill_at, resume=resume, staleness=staleness)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
 
 
-def test_sigkill_mid_update_then_resume_finishes_the_run(tmp_path):
+@pytest.mark.parametrize("staleness", [0, 1], ids=["synchronous", "rollouts-ahead"])
+def test_sigkill_mid_update_then_resume_finishes_the_run(tmp_path, staleness):
+    """With `max_staleness=1` the kill also lands while iteration 3's rollouts run ahead: those
+    episodes stay stored, excluded with iteration 2's, and the resumed run collects both again."""
     model = training_task.choice_model(tmp_path / "model")
-    proc = run(tmp_path, model, kill_at=2, resume=False)
+    proc = run(tmp_path, model, kill_at=2, resume=False, staleness=staleness)
     for line in proc.stdout:
         if line.startswith("UPDATING 2"):
             break
@@ -57,9 +62,10 @@ def test_sigkill_mid_update_then_resume_finishes_the_run(tmp_path):
     assert (run_dir / "checkpoints" / "latest").read_text() == "it-00001"
     with TrajectoryStore(run_dir / "trajectories.db") as store:
         recorded_before_kill = store.count()
-    assert recorded_before_kill == 8  # two iterations of 4 rollouts, all kept
+    # two iterations of 4 rollouts, all kept (and with rollouts ahead, whatever of iteration 3 had begun)
+    assert recorded_before_kill == 8 if not staleness else 8 <= recorded_before_kill <= 12
 
-    proc = run(tmp_path, model, kill_at=0, resume=True)
+    proc = run(tmp_path, model, kill_at=0, resume=True, staleness=staleness)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
     assert out.splitlines()[-1] == "DONE 3 crash-v3"
@@ -68,7 +74,10 @@ def test_sigkill_mid_update_then_resume_finishes_the_run(tmp_path):
     assert [m["iteration"] for m in metrics] == [1, 2, 3]
     assert (run_dir / "checkpoints" / "latest").read_text() == "it-00003"
     with TrajectoryStore(run_dir / "trajectories.db") as store:
-        # Nothing recorded before the kill was lost; iteration 2 ran its rollouts again.
+        # Nothing recorded before the kill was lost; iterations 2 (and 3) ran their rollouts again.
         assert store.count() == recorded_before_kill + 8
-        assert store.count(status="complete") + store.count(status="failed") == store.count()
+        ended = store.count(status="complete") + store.count(status="failed")
+        assert ended == store.count() if not staleness else ended >= store.count() - (recorded_before_kill - 8)
+        trained = [t for t in store.iter() if t.excluded is None]
+        assert sorted(t.metadata["iteration"] for t in trained) == [1] * 4 + [2] * 4 + [3] * 4
     assert not list((run_dir / "adapters").glob(".*")), "a half-written adapter folder was left"
