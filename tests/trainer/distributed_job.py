@@ -19,11 +19,11 @@ import training_task  # noqa: E402
 
 
 def run(model: str, out: str, strategy: str | None = None, iterations: int = 2, microbatch: int | None = None,
-        kill_at: int | None = None, resume: bool = False) -> list[dict]:
+        kill_at: int | None = None, resume: bool = False, staleness: int = 0) -> list[dict]:
     """`iterations` of GRPO; `kill_at`: rank 1 SIGKILLs itself as that update (1-based) starts."""
     config = fb.GRPOConfig(group_size=4, lr=1e-3, kl_beta=0.05, minibatch_size=8, microbatch_size=microbatch,
                            lora_rank=8, lora_alpha=16, bf16=False, concurrency=1, progress=False, seed=0,
-                           out_dir=out, run_name="dist",
+                           out_dir=out, run_name="dist", max_staleness=staleness,
                            distributed=fb.Distributed(strategy=strategy) if strategy else None)
     policy = fb.LocalPolicy(model, device="cpu") if distributed.leader() else None
     trainer = fb.GRPOTrainer(policy, config, model=model)
@@ -59,5 +59,6 @@ if __name__ == "__main__":
     p.add_argument("--microbatch", type=int, default=None)
     p.add_argument("--kill-at", type=int, default=None)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--staleness", type=int, default=0)
     a = p.parse_args()
-    run(a.model, a.out, a.strategy, a.iterations, a.microbatch, a.kill_at, a.resume)
+    run(a.model, a.out, a.strategy, a.iterations, a.microbatch, a.kill_at, a.resume, a.staleness)

@@ -110,6 +110,13 @@ def test_two_processes_resume_what_one_saved(choice_dir, alone, tmp_path):
     assert_same_run(alone, out)
 
 
+def test_rollouts_run_ahead_while_two_processes_update(choice_dir, tmp_path):
+    job(choice_dir, tmp_path / "run", "--strategy", "ddp", "--iterations", "3", "--staleness", "1", nproc=2)
+    runs = metrics(tmp_path / "run")
+    assert [m["iteration"] for m in runs] == [1, 2, 3] and runs[-1]["world_size"] == 2
+    assert all(m["stale_dropped"] == 0 and m["staleness_max"] <= 1 and m["batch_trained_tokens"] > 0 for m in runs)
+
+
 def test_ray_train_runs_the_same_update(choice_dir, alone, tmp_path):
     import ray  # installed by make test (the [ray] extra): missing, this test fails rather than skips
     from ray.train import RunConfig, ScalingConfig
