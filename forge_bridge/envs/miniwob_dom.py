@@ -45,7 +45,7 @@ PAGE_JS = r"""() => {
     const node = {ref: info.ref, tag: String(info.tag).toLowerCase(), id: squash(info.id), text: squash(info.text),
                   children: []};
     if ('value' in info) node.value = info.value;
-    if (info.focused) node.focused = true;
+    if (info.focused && info.tag !== 'BODY') node.focused = true;
     if (el && el.tagName === 'SELECT') {
       node.options = [...el.options].map(o => squash(o.text));
       node.selected = el.selectedIndex >= 0 ? squash(el.options[el.selectedIndex].text) : '';

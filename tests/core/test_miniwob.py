@@ -83,13 +83,13 @@ def test_click_test_right_and_wrong(env):
 
 
 def test_click_button_right_and_wrong(env):
-    page = first_page(env, "click-button", seed=1)
+    page = first_page(env, "click-button", seed=3)
     target = re.search(r'Click on the "(.+)" button', utterance(page)).group(1)
     buttons = re.findall(r'\[(\d+)\] button "([^"]*)"', page)
     others = [int(r) for r, text in buttons if text != target]
     assert others, page  # this seed's page has a wrong button to press
     assert step(env, "click", ref=ref(page, f'button "{re.escape(target)}"')).reward == 1.0
-    page = first_page(env, "click-button", seed=1)
+    page = first_page(env, "click-button", seed=3)
     wrong = step(env, "click", ref=others[0])
     assert wrong.terminated and wrong.reward == 0.0 and wrong.info["miniwob"]["raw_reward"] == -1.0
 
@@ -223,7 +223,7 @@ def test_the_clock_is_stopped_by_default(env):
 
 
 def test_a_stretched_clock_that_runs_out_truncates_the_episode(tokenizer, tmp_path):
-    with MiniWoBEnvironment(MiniWoBConfig(episode_time_s=0.5)) as timed:
+    with MiniWoBEnvironment(MiniWoBConfig(episode_time_s=1.0)) as timed:
         page = first_page(timed, "click-test")
         timed._call(lambda: timed._page.wait_for_function("() => WOB_DONE_GLOBAL", timeout=10_000))
         late = step(timed, "click", ref=ref(page, "button#subbtn"))  # the right action, too late
@@ -279,7 +279,7 @@ def test_an_episode_through_a_langchain_agent_one_tool_per_action(env, tokenizer
     agent_env = AgentEnvironment(*example.langchain_miniwob_agent(env), timeout_s=60)
     try:
         traj = HarnessAgent(ScriptedPolicy(expert, tokenizer), agent_env).run(
-            MiniWoBTask("click-button", 1), recorder=fb.Recorder(tmp_path / "lc.db", "miniwob-lc"))
+            MiniWoBTask("click-button", 3), recorder=fb.Recorder(tmp_path / "lc.db", "miniwob-lc"))
     finally:
         agent_env.close()
     assert traj.status == "complete" and traj.reward == 1.0 and len(traj.transitions) == 3
