@@ -288,7 +288,7 @@ class MiniWoBEnvironment(BrowserEnvironment):
             raise ToolError(f"no element [{text}] on this page (use a ref the page lists as [N])")
         return locator.first
 
-    def click(self, ref: Any) -> str:  # type: ignore[override]  # a ref, where the web browser takes a target
+    def click(self, ref: Any) -> str:  # a ref where the web browser takes a target
         def run() -> None:
             result = self._element(ref).evaluate(
                 "el => { core.previousDOMInfo[+el.dataset.wob_ref] = el; return core.elementClick(+el.dataset.wob_ref); }")
@@ -297,7 +297,7 @@ class MiniWoBEnvironment(BrowserEnvironment):
 
         return self._act(run)
 
-    def type(self, ref: Any, text: str) -> str:  # type: ignore[override]
+    def type(self, ref: Any, text: str) -> str:
         def run() -> None:
             element = self._element(ref)
             kind = element.evaluate("el => el.isContentEditable ? 'editable' : el.tagName === 'INPUT' ? "
