@@ -86,8 +86,7 @@ def main() -> None:
 
     from forge_bridge.envs.agent import AgentEnvironment
 
-    tasks = [MiniWoBTask(name, seed) for name in ("click-test", "click-button", "enter-text", "login-user")
-             for seed in (0,)]
+    tasks = [MiniWoBTask(name) for name in ("click-test", "click-button", "enter-text", "login-user")]
     policy = fb.LocalPolicy("smollm2-135m-instruct")
     recorder = fb.Recorder("runs/examples/miniwob.db", run_id="miniwob-example")
     env = MiniWoBEnvironment()

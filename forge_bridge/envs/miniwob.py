@@ -1,4 +1,4 @@
-"""MiniWoB++ as an environment: the ~125 web tasks of Farama's `miniwob` package (its task pages,
+"""MiniWoB++ as an environment: the 125 web tasks of Farama's `miniwob` package (its task pages,
 each with its own reward, offline), in the project's own browser stack.
 
 Why Playwright and not the package's Selenium: `BrowserEnvironment` already drives the system's
