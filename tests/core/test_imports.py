@@ -17,10 +17,11 @@ def test_import_loads_no_heavy_framework(tmp_path):
         import sys
         import forge_bridge, forge_bridge.core.store, forge_bridge.envs.base, forge_bridge.core.types, forge_bridge.policies.models
         import forge_bridge.envs.harness, forge_bridge.envs.tool, forge_bridge.envs.terminal, forge_bridge.envs.http
-        import forge_bridge.envs.agent, forge_bridge.envs.confined
+        import forge_bridge.envs.agent, forge_bridge.envs.confined, forge_bridge.envs.miniwob
         heavy = sorted(m for m in sys.modules
                        if m.split('.')[0] in {'torch', 'langchain', 'langchain_core', 'langgraph',
-                                              'crewai', 'transformers', 'peft'})
+                                              'crewai', 'transformers', 'peft', 'playwright', 'miniwob',
+                                              'gymnasium', 'selenium'})
         print(heavy)
     """, tmp_path)
     assert proc.returncode == 0, proc.stderr
