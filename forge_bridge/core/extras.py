@@ -1,5 +1,5 @@
 """The optional integrations (extras, as langchain-core has them): the core installs without
-LangChain, CrewAI, Ray, Playwright, matplotlib or pyarrow, and a module that needs one of them
+LangChain, CrewAI, Ray, Playwright, matplotlib, pyarrow, wandb or MLflow, and a module that needs one of them
 imports it through `require`, which names the `pip install` that brings it."""
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ EXTRAS = {
     "browser": "the browser environment (Playwright driving the system's Chromium)",
     "plot": "the reward-curve pictures (matplotlib)",
     "parquet": "Parquet export (pyarrow)",
+    "wandb": "reporting a run to Weights & Biases (report_to=('wandb',))",
+    "mlflow": "reporting a run to MLflow (report_to=('mlflow',))",
 }
 """Each extra and what it enables; `[all]` installs every one."""
 
