@@ -57,6 +57,7 @@ FLAT_NAMES: dict[str, tuple[str, str]] = {
     **{name: ("loss", name) for name in ("clip_low", "clip_high", "tis_cap", "kl_beta")},
     "loss_aggregation": ("loss", "aggregation"),
     "run_name": ("run", "name"), "out_dir": ("run", "out_dir"), "seed": ("run", "seed"), "progress": ("run", "progress"),
+    "report_to": ("run", "report_to"),
 }
 """The flat names of TrainerConfig's settings (`GRPOConfig(lr=3e-4)`, `config.lr`) -> (part, field):
 they keep working beside the nested form (`GRPOConfig(optimizer=OptimizerConfig(lr=3e-4))`)."""
@@ -103,7 +104,7 @@ class TrainerConfig(metaclass=_Nested):
     loss: LossConfig = LossConfig()
     """The policy objective's clipping, importance weights, KL and aggregation."""
     run: RunConfig = RunConfig()
-    """The run's name, folder, seed and progress bars."""
+    """The run's name, folder, seed, progress bars and trackers."""
     gamma: float = 0.95
     """Discount over the model calls of a trajectory: G_t = r_t + gamma * G_{t+1}."""
     span_weight: float = 1.0

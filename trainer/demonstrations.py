@@ -13,6 +13,7 @@ under one run id, `read_demonstrations` reads them back.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -69,9 +70,9 @@ def usable(demonstrations: Sequence[Trajectory], success_threshold: float = 1.0)
     kept = [t for t in demonstrations if t.end_reason == "terminated" and succeeded(t.reward, success_threshold)]
     refused = [t for t in demonstrations if t not in kept]
     if refused:
-        print(f"demonstrations: not learning from {len(refused)} of {len(demonstrations)} (e.g. task "
-              f"{refused[0].task_id!r}: {refused[0].end_reason}, reward {refused[0].reward}); "
-              "the checker did not pass them")
+        logging.getLogger(__name__).warning(
+            "demonstrations: not learning from %d of %d (e.g. task %r: %s, reward %s); the checker did not pass "
+            "them", len(refused), len(demonstrations), refused[0].task_id, refused[0].end_reason, refused[0].reward)
     return kept
 
 

@@ -17,6 +17,7 @@ log. This file holds the loop around it and the steps the recipes name (`collect
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -33,11 +34,14 @@ from forge_bridge.trainer.batch import Sample
 from forge_bridge.trainer.config import TrainerConfig
 from forge_bridge.trainer.learner import Heads, Learner, Reference, plan
 from forge_bridge.trainer.rollouts import Rollout, TaskSchedule
-from forge_bridge.trainer.run import WARM_START, Publisher, RunFolder, summary_line
+from forge_bridge.trainer.run import WARM_START, Publisher, RunFolder, no_signal, summary_line
 from forge_bridge.trainer.validation import Best, Validating, Validation, serve_best
 
 if TYPE_CHECKING:
     from forge_bridge.trainer.probe import ProbeReport
+
+log = logging.getLogger(__name__)
+"""What needs the user's attention (no signal, an idle role slot), shown with or without progress bars."""
 
 
 class Trainer:
@@ -232,6 +236,11 @@ class Trainer:
         """The groups each LoRA trains, every group checked before anything trains; the shared
         LoRA always, a role slot's only when it has groups."""
         slots = [self.slot_of(g) for g in groups]
+        idle = [slot for slot in self.learner.slots if slot != DEFAULT_SLOT and slot not in slots]
+        if idle and groups:
+            roles = {slot: sorted(r for r, s in self.role_slots.items() if s == slot) for slot in idle}
+            log.warning("no trainable episodes of role(s) %s this iteration: slot(s) %s not trained, their roles "
+                        "served as before", ", ".join(r for rs in roles.values() for r in rs) or "-", ", ".join(idle))
         return [(slot, [g for g, s in zip(groups, slots) if s == slot]) for slot in self.learner.slots
                 if slot == DEFAULT_SLOT or slot in slots]
 
@@ -271,6 +280,9 @@ class Trainer:
             state = {**state, "validation": v.best.state()}
         self.run.end_iteration(metrics, self.learner, state, self.ranks.full_state())
         self.say(summary_line(metrics))
+        warning = no_signal(metrics)
+        if warning:
+            log.warning(warning)
 
     def record_credit(self, groups: list[TrajectoryGroup], trained: dict[tuple[str, int], int], iteration: int) -> None:
         """Store what this iteration made of each step: its advantage, and the tokens trained

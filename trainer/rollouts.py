@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import logging
 import math
 import random
-import warnings
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, cast
@@ -24,6 +24,9 @@ from typing import Any, Callable, Sequence, cast
 from forge_bridge.core.episode import Recorder, derive_seed
 from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.core.types import END_REASONS, Trajectory, TrajectoryGroup, group_trajectories, success_rate
+
+log = logging.getLogger(__name__)
+"""Episodes lost, left out or cut short: shown with or without progress bars."""
 
 Rollout = Callable[[Any], float]
 """Runs the agent on one task inside the episode the trainer opened; returns the reward."""
@@ -222,7 +225,7 @@ class Ahead:
             try:
                 future.result()
             except Exception as exc:  # the run is over: nobody trains on these rollouts; say what went wrong
-                warnings.warn(f"rollouts collected ahead and not trained failed: {exc}", RuntimeWarning, stacklevel=2)
+                log.warning("rollouts collected ahead, not to be trained, failed: %s", exc)
         self.pending.clear()
         self.pool.shutdown()
         return left
@@ -244,8 +247,8 @@ def check_outcomes(outcomes: list[Outcome], it: int) -> list[str]:
         raise RolloutError(f"iteration {it + 1}: every rollout raised or was lost with its worker, e.g. "
                            f"{(lost + crashes)[0]} (what was recorded is kept; nothing was trained)")
     if lost:
-        print(f"iteration {it + 1}: {len(lost)} episode(s) lost with their worker, kept incomplete "
-              f"(e.g. {lost[0]})")
+        log.warning("iteration %d: %d episode(s) lost with their worker, kept incomplete (e.g. %s)",
+                    it + 1, len(lost), lost[0])
     return lost
 
 
@@ -257,12 +260,15 @@ def read_back(recorder: Recorder, run_id: str, jobs: list[Job], opened: list[str
     trained: list[Trajectory] = []
     ends = {reason: 0 for reason in END_REASONS} | {"incomplete": 0}
     reasons: list[str] = []
+    cut: list[str] = []
     mine = set(opened)
     for group_id in sorted({job.group_id for job in jobs}):
         for traj in recorder.store.iter(run_id=run_id, group_id=group_id):
             if traj.id not in mine:
                 continue
             ends[traj.end_reason or "incomplete"] += 1
+            if traj.end_reason == "truncated":
+                cut.append(traj.end_detail or "a limit")
             if not traj.trainable:
                 reasons.append(f"{traj.end_reason or 'incomplete'}: {traj.end_detail}")
                 continue
@@ -275,7 +281,10 @@ def read_back(recorder: Recorder, run_id: str, jobs: list[Job], opened: list[str
     for group in groups:  # in rollout order, not the order the threads began them in
         group.trajectories.sort(key=lambda t: t.metadata.get("rollout", 0))
     if reasons:
-        print(f"iteration {it + 1}: not training on {len(reasons)} episode(s) (e.g. {reasons[0]})")
+        log.warning("iteration %d: not training on %d episode(s) (e.g. %s)", it + 1, len(reasons), reasons[0])
+    if cut:
+        log.warning("iteration %d: %d of %d episode(s) truncated, cut by %s: trained on with the reward they "
+                    "had (raise the limit if the agent needs more room)", it + 1, len(cut), len(jobs), cut[0])
     rewards = [float(cast(float, t.reward)) for t in trained]  # each one scored above (None: 0.0)
     by_kind: dict[str, list[float]] = {}
     for t in trained:

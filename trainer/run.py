@@ -1,4 +1,4 @@
-"""The run folder: the run's id, its store, its metrics (`metrics.jsonl`, TensorBoard), its
+"""The run folder: the run's id, its store, its metrics (`metrics.jsonl` and the trackers), its
 checkpoints and random state, the iteration it has reached, and the versions it publishes.
 
 Version N of the shared LoRA is '<run>-vN', of a role slot's '<run>-<slot>-vN'; each is saved
@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -35,6 +34,7 @@ from forge_bridge.core.types import TrajectoryGroup
 from forge_bridge.trainer.config import TrainerConfig
 from forge_bridge.policies.base import DEFAULT_SLOT, Policy
 from forge_bridge.trainer.lora import DEFAULT_ADAPTER, save_adapter
+from forge_bridge.trainer.trackers import Tracker, open_trackers, scalars
 
 if TYPE_CHECKING:
     from forge_bridge.trainer.learner import Learner
@@ -56,12 +56,14 @@ class RunFolder:
         self.recorder = recorder or Recorder(self.folder / "trajectories.db", run_id=self.run_id)
         if not (self.folder / "tokenizer").is_dir():  # the run folder reads on its own (forge-bridge inspect)
             tokenizer.save_pretrained(self.folder / "tokenizer")
-        (self.folder / "trainer.json").write_text(json.dumps(
-            {"trainer": algorithm, "model": source, "config": config.to_dict()}, indent=1))
         self.settings = config.to_dict()
         """The config as checkpoints record it."""
-        self.log = RunLog(self.folder, self.run_id)
-        """The metrics, one line per iteration (`metrics.jsonl`, TensorBoard)."""
+        (self.folder / "trainer.json").write_text(json.dumps(
+            {"trainer": algorithm, "model": source, "config": self.settings}, indent=1))
+        self.log = RunLog(self.folder, self.run_id, open_trackers(
+            config.run.report_to, self.folder, self.run_id, config.run.name,
+            {"trainer": algorithm, "model": source, **self.settings}))
+        """The metrics, one line per iteration (`metrics.jsonl` and the trackers of `report_to`)."""
         self.rng = random.Random(config.run.seed)
         """Draws the tasks' order and the minibatches; checkpointed."""
         self.iteration = 0
@@ -174,13 +176,15 @@ class Publisher:
 
 
 class RunLog:
-    """Metrics of one run folder, one dict per iteration, in `metrics.jsonl` and TensorBoard."""
+    """Metrics of one run folder, one dict per iteration, in `metrics.jsonl` and each tracker
+    `report_to` names (`trainer/trackers.py`): one path, so every place gets the same numbers."""
 
-    def __init__(self, folder: Path, run_id: str) -> None:
+    def __init__(self, folder: Path, run_id: str, trackers: Sequence[Tracker] = ()) -> None:
         self.folder, self.run_id = folder, run_id
         self.history: list[dict] = []
         """Every iteration's metrics so far (resumed ones included)."""
-        self._tb: Any = None
+        self.trackers = list(trackers)
+        """Where the numbers go besides metrics.jsonl (TensorBoard, W&B, MLflow)."""
 
     def log(self, metrics: dict) -> None:
         """Append one iteration's metrics (tagged with the run id) everywhere they go."""
@@ -188,36 +192,19 @@ class RunLog:
         self.history.append(metrics)
         with open(self.folder / "metrics.jsonl", "a") as f:
             f.write(json.dumps(metrics) + "\n")
-        writer = self._writer()
-        if writer is None:
-            return
-        for key, value in metrics.items():
-            if isinstance(value, (int, float)) and key != "iteration":
-                writer.add_scalar(key, value, metrics["iteration"])
-        writer.flush()
+        numbers = scalars(metrics)
+        for tracker in self.trackers:
+            tracker.log(numbers, metrics["iteration"])
 
     def log_event(self, name: str, metrics: dict) -> None:
         """A one-off step outside the iterations (the warm start, the probe): `events.jsonl`, and
-        TensorBoard at step 0 under '<name>/...'."""
-        numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        each tracker at step 0 under '<name>/...'."""
+        numbers = {k: v for k, v in scalars(metrics).items() if not isinstance(metrics[k], bool)}
         with open(self.folder / "events.jsonl", "a") as f:
             f.write(json.dumps({"run_id": self.run_id, "event": name, **metrics}, default=str) + "\n")
-        writer = self._writer()
-        if writer is not None:
-            for key, value in numbers.items():
-                writer.add_scalar(key if key.startswith(f"{name}/") else f"{name}/{key}", value, 0)
-            writer.flush()
-
-    def _writer(self) -> Any:
-        if self._tb is None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # a bare GPU machine: metrics.jsonl still has every number
-                self._tb = False
-                warnings.warn("tensorboard is not installed: metrics go to metrics.jsonl only", stacklevel=3)
-            else:
-                self._tb = SummaryWriter(str(self.folder / "tb"))
-        return self._tb or None
+        named = {key if key.startswith(f"{name}/") else f"{name}/{key}": value for key, value in numbers.items()}
+        for tracker in self.trackers:
+            tracker.log(named, 0)
 
     def keep_until(self, iteration: int) -> None:
         """Read the logged metrics back, dropping lines past `iteration` (logged, not checkpointed)."""
@@ -227,14 +214,16 @@ class RunLog:
         path.write_text("".join(json.dumps(m) + "\n" for m in self.history))
 
     def close(self) -> None:
-        if self._tb:
-            self._tb.close()
+        """End the run in every tracker (each is closed once)."""
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            tracker.close()
 
 
 def summary_line(metrics: dict) -> str:
     """One iteration in a line: reward, success (per kind when the tasks have one), the format the
-    tool calls were read in, the share of groups with no reward spread, and a warning when no group
-    had any signal."""
+    tool calls were read in, and the share of groups with no reward spread (`no_signal` warns
+    when no group had any)."""
     parts = [f"iteration {metrics['iteration']}: reward {metrics.get('reward_mean', 0.0):.2f}",
              f"success {metrics.get('success_rate', 0.0):.0%}"]
     kinds = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("success/")}
@@ -246,11 +235,16 @@ def summary_line(metrics: dict) -> str:
     shares = {k: v for k, v in metrics.items() if k.endswith("zero_signal_share")}
     if shares:
         parts.append("no-spread groups " + ", ".join(f"{v:.0%}" for v in shares.values()))
-    line = "; ".join(parts)
-    if shares and all(v >= 1.0 for v in shares.values()):
-        line += ("\n  no group had any reward spread this iteration: nothing was learned from rewards "
-                 "(run the probe: forge-bridge probe; docs/own-agent.md#no-signal)")
-    return line
+    return "; ".join(parts)
+
+
+def no_signal(metrics: dict) -> str | None:
+    """The warning for an iteration in which no group had any reward spread (None: some had)."""
+    shares = [v for k, v in metrics.items() if k.endswith("zero_signal_share")]
+    if not shares or any(v < 1.0 for v in shares):
+        return None
+    return (f"iteration {metrics['iteration']}: no group had any reward spread: nothing was learned from rewards "
+            "(run the probe: forge-bridge probe; docs/own-agent.md#no-signal)")
 
 
 def _optimizer_tensors(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
@@ -330,4 +324,4 @@ def load_checkpoint(path: Path, model: Any, optimizers: dict[str, torch.optim.Op
     random.setstate((version, tuple(internal), gauss))
     return state
 
-__all__ = ["Publisher", "RunFolder", "RunLog", "WARM_START", "latest_checkpoint", "load_checkpoint", "save_checkpoint", "summary_line", "version_name"]
+__all__ = ["Publisher", "RunFolder", "RunLog", "WARM_START", "latest_checkpoint", "load_checkpoint", "save_checkpoint", "no_signal", "summary_line", "version_name"]

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.policies.device import check_device
 
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+"""The trackers `RunConfig.report_to` takes (`trainer/trackers.py` reports to each)."""
+
 
 def check(cond: bool, name: str, expected: str, value: object) -> None:
     if not cond:
@@ -186,7 +189,7 @@ class LossConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """The run: its name, folder, seed and what it shows."""
+    """The run: its name, folder, seed and what it shows, and where its metrics go."""
 
     name: str = "run"
     """Adapter versions are published as '<name>-v<N>'."""
@@ -197,6 +200,8 @@ class RunConfig:
     gets its own seed, so a rerun samples the same rollouts whatever the thread timing)."""
     progress: bool = True
     """Show progress bars."""
+    report_to: tuple[str, ...] = ("tensorboard",)
+    """Trackers that get every metric and the config besides metrics.jsonl: 'tensorboard', 'wandb', 'mlflow'."""
 
     def __post_init__(self) -> None:
         check(isinstance(self.name, str) and self.name.replace("-", "").replace("_", "").isalnum(),
@@ -204,7 +209,15 @@ class RunConfig:
         check(isinstance(self.out_dir, (str, os.PathLike)), "out_dir", "a folder path", self.out_dir)
         check(count(self.seed, 0), "seed", "an int >= 0", self.seed)
         check(isinstance(self.progress, bool), "progress", "a bool", self.progress)
+        if isinstance(self.report_to, str):  # one name, as Hugging Face's Trainer takes it
+            object.__setattr__(self, "report_to", (self.report_to,))
+        if isinstance(self.report_to, list):
+            object.__setattr__(self, "report_to", tuple(self.report_to))
+        check(isinstance(self.report_to, tuple) and all(t in TRACKERS for t in self.report_to)
+              and len(set(self.report_to)) == len(self.report_to), "report_to",
+              f"a tuple of distinct names from {', '.join(map(repr, TRACKERS))} (() for metrics.jsonl alone)",
+              self.report_to)
 
 
-__all__ = ["Frozen", "LoRAConfig", "LossConfig", "OptimizerConfig", "RolloutConfig", "RunConfig", "check", "count",
+__all__ = ["TRACKERS", "Frozen", "LoRAConfig", "LossConfig", "OptimizerConfig", "RolloutConfig", "RunConfig", "check", "count",
            "number"]

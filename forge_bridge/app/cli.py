@@ -51,6 +51,13 @@ def add_teacher_flags(p: argparse.ArgumentParser) -> None:
                    help="imitate --teacher's action at the states of failed rollouts, with this weight (default: 0)")
 
 
+def add_config_file_flag(p: argparse.ArgumentParser) -> None:
+    """The trainer's settings from a file; the flags given beside it override it."""
+    p.add_argument("--config", metavar="FILE", help="a .yaml or .json file of the trainer's settings, each nested "
+                   "part a section (rollout, optimizer, lora, loss, run; docs/own-agent.md#a-config-file); "
+                   "flags given beside it override it")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="forge-bridge",
@@ -101,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     from forge_bridge.trainer.config import TrainerConfig
 
     add_config_flags(p, TrainerConfig, TRAIN_FLAGS, aliases={"out_dir": "--out"})
+    add_config_file_flag(p)
     p.add_argument("--resume", action="store_true", help="continue the run in the folder from its checkpoint")
     p.add_argument("--new", action="store_true", help="set an earlier run in the folder aside "
                    "(renamed to <out>-<time>) and start a new one")
@@ -130,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_flags(p, rollout_required=True)
     add_warm_start_flags(p, required=True)
     add_config_flags(p, TrainerConfig, TRAIN_FLAGS, aliases={"out_dir": "--out"})
+    add_config_file_flag(p)
     p.set_defaults(func=training.cmd_sft)
 
     p = sub.add_parser("probe", help="is there a signal for GRPO? success and reward spread per task kind",

@@ -11,12 +11,13 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
+from forge_bridge.app.config_file import merged
 from forge_bridge.app.config_flags import config_kwargs
 from forge_bridge.core.errors import InvalidArgument
 
 TRAIN_FLAGS = ("group_size", "tasks_per_iteration", "concurrency", "gamma", "lr", "epochs", "minibatch_size",
                "microbatch_size", "max_memory_gb", "kl_beta", "lora_rank", "device", "gradient_checkpointing",
-               "run_name", "out_dir", "seed")
+               "run_name", "out_dir", "seed", "report_to")
 """TrainerConfig fields the `train` and `sft` commands take as flags."""
 
 
@@ -58,8 +59,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     tasks = _tasks(args.tasks)
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # by --nproc, or by torchrun on several machines
     spread: dict[str, Any] = {"distributed": fb.Distributed(strategy=args.strategy)} if launched else {}
-    config = (fb.GRPOConfig if args.algo == "grpo" else fb.PPOConfig)(**config_kwargs(args, TRAIN_FLAGS),
-                                                                     **teaching_kwargs(args), **spread)
+    kind = fb.GRPOConfig if args.algo == "grpo" else fb.PPOConfig
+    config = kind(**merged(kind, args.config, {**teaching_kwargs(args), **config_kwargs(args, TRAIN_FLAGS)}),
+                  **spread)
     if spread:
         from forge_bridge.trainer.distributed import leader
 
@@ -109,7 +111,7 @@ def train_from_store(args: argparse.Namespace) -> int:
     if len(where) != len(args.where):
         raise InvalidArgument(f"--where: a key given twice in {args.where} (an episode has one value of each)")
     offline = fb.OfflineConfig(since=since, run_id=args.store_run, where=where or None, threshold=args.threshold)
-    config = fb.GRPOConfig(**config_kwargs(args, TRAIN_FLAGS))
+    config = fb.GRPOConfig(**merged(fb.GRPOConfig, args.config, config_kwargs(args, TRAIN_FLAGS)))
     policy = fb.LocalPolicy(args.model, device=config.device, tool_format=args.tool_format or "auto")
     trainer = fb.GRPOTrainer(policy, config, model=args.model)
     try:
@@ -284,7 +286,7 @@ def teaching_kwargs(args: argparse.Namespace) -> dict:
         raise InvalidArgument("--distill-beta, --relabel-weight and --guide teacher need --teacher")
     if args.guide == "demonstrations" and not args.demos and not args.resume:
         raise InvalidArgument("--guide demonstrations draws guides from --demos: give them")
-    out: dict = {"distill_beta": args.distill_beta, "relabel_weight": args.relabel_weight} if wants else {}
+    out: dict = {k: v for k, v in (("distill_beta", args.distill_beta), ("relabel_weight", args.relabel_weight)) if v}
     if args.guide:
         out["guidance"] = fb.Guidance(below=args.guide_below, k=args.guide_k, source=args.guide)
     return out
@@ -341,7 +343,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     import forge_bridge as fb
 
     make_rollout = load_attr(args.rollout, "--rollout")
-    config = fb.GRPOConfig(**config_kwargs(args, TRAIN_FLAGS))
+    config = fb.GRPOConfig(**merged(fb.GRPOConfig, args.config, config_kwargs(args, TRAIN_FLAGS)))
     policy = fb.LocalPolicy(args.model, device=config.device, tool_format=args.tool_format or "auto")
     trainer = fb.GRPOTrainer(policy, config, model=args.model)
     try:

@@ -1,7 +1,7 @@
 """The optional integrations (extras, as langchain-core has them): the core installs without
-LangChain, CrewAI, Ray, Playwright, MiniWoB++, matplotlib or pyarrow, and a module that needs one
-of them imports it through `require` (or finds its data files through `locate`), which names the
-`pip install` that brings it."""
+LangChain, CrewAI, Ray, Playwright, MiniWoB++, matplotlib, pyarrow, wandb or MLflow, and a module
+that needs one of them imports it through `require` (or finds its data files through `locate`),
+which names the `pip install` that brings it."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ EXTRAS = {
     "miniwob": "the MiniWoB++ environment (its task pages, served to the browser environment's Chromium)",
     "plot": "the reward-curve pictures (matplotlib)",
     "parquet": "Parquet export (pyarrow)",
+    "wandb": "reporting a run to Weights & Biases (report_to=('wandb',))",
+    "mlflow": "reporting a run to MLflow (report_to=('mlflow',))",
 }
 """Each extra and what it enables; `[all]` installs every one."""
 

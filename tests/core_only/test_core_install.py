@@ -1,4 +1,5 @@
-"""With the core alone installed (no LangChain, CrewAI, Ray, Playwright, MiniWoB++, matplotlib or pyarrow):
+"""With the core alone installed (no LangChain, CrewAI, Ray, Playwright, MiniWoB++, matplotlib, pyarrow, wandb
+or MLflow):
 `forge_bridge` imports, an agent that only speaks HTTP is recorded through the gateway and
 trained on, and each integration used without its extra says which `pip install` fixes it."""
 
@@ -17,7 +18,8 @@ from forge_bridge.core.errors import MissingExtra
 from forge_bridge.policies import models
 
 EXTRA_MODULES = {"langchain": "langchain", "langchain_core": "langchain", "crewai": "crewai", "ray": "ray",
-                 "playwright": "browser", "miniwob": "miniwob", "matplotlib": "plot", "pyarrow": "parquet"}
+                 "playwright": "browser", "miniwob": "miniwob", "matplotlib": "plot", "pyarrow": "parquet",
+                 "wandb": "wandb", "mlflow": "mlflow"}
 
 
 def test_this_venv_holds_the_core_alone():
@@ -50,6 +52,11 @@ def test_the_other_extras_name_their_install(tmp_path):
 
     with pytest.raises(MissingExtra, match=r"forge-bridge\[miniwob\]"):
         MiniWoBTask("click-test")
+    from forge_bridge.trainer.trackers import open_trackers
+
+    for tracker in ("wandb", "mlflow"):
+        with pytest.raises(MissingExtra, match=rf"pip install 'forge-bridge\[{tracker}\]'"):
+            open_trackers((tracker,), tmp_path, "run-1", "run", {})
 
 
 def test_an_agent_recorded_through_the_gateway_is_trained_on(tmp_path):

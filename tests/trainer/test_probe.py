@@ -7,7 +7,7 @@ import pytest
 import forge_bridge as fb
 from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.trainer.probe import probe
-from forge_bridge.trainer.run import summary_line
+from forge_bridge.trainer.run import no_signal, summary_line
 
 import training_task
 
@@ -74,8 +74,11 @@ def test_the_summary_line_gives_success_per_kind_and_warns_when_nothing_had_sign
     calls = summary_line({"iteration": 2, "reward_mean": 1.0, "success_rate": 1.0, "calls/fenced_json": 0.75,
                           "calls/malformed": 0.25})
     assert calls == "iteration 2: reward 1.00; success 100%; calls read as fenced_json 75%, malformed 25%"
-    silent = summary_line({"iteration": 1, "reward_mean": 0.0, "success_rate": 0.0, "zero_signal_share": 1.0})
-    assert silent.splitlines()[1].strip().startswith("no group had any reward spread this iteration")
+    silent = {"iteration": 1, "reward_mean": 0.0, "success_rate": 0.0, "zero_signal_share": 1.0}
+    assert "\n" not in summary_line(silent)  # the warning goes through logging (`no_signal`), progress bars or not
+    assert no_signal(silent).startswith("iteration 1: no group had any reward spread")
+    assert no_signal({"iteration": 2, "zero_signal_share": 0.5}) is None
+    assert no_signal({"iteration": 3, "a/zero_signal_share": 1.0, "b/zero_signal_share": 0.5}) is None
 
 
 def test_grpo_counts_only_groups_with_signal_as_trained(taught_model_dir, tmp_path):

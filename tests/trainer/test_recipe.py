@@ -17,10 +17,10 @@ import forge_bridge.trainer  # noqa: E402
 import training_task  # noqa: E402
 
 TRAINER = Path(forge_bridge.trainer.__file__).parent
-MOST_PAIRS = 17
-"""The distinct caller file -> callee file pairs of one iteration, at most: 17 across 13 files (24 across 16
-before the trainer was split into parts and recipes, 18 before the token-signal stage moved into the recipe;
-the aim is 12)."""
+MOST_PAIRS = 18
+"""The distinct caller file -> callee file pairs of one iteration, at most: 18 across 14 files (24 across 16
+before the trainer was split into parts and recipes, 18 before the token-signal stage moved into the recipe,
+17 before the trackers got a module of their own: run.py -> trackers.py; the aim is 12)."""
 
 
 def trace_iteration(folder: Path) -> list[tuple[str, str]]:

@@ -93,12 +93,12 @@ def test_a_task_without_a_plan_and_an_empty_set_are_refused(taught_model_dir, re
         trainer.close()
 
 
-def test_demonstrations_the_checker_fails_are_named_not_learned(taught_model_dir, recorder, capsys):
+def test_demonstrations_the_checker_fails_are_named_not_learned(taught_model_dir, recorder, caplog):
     wrong = [{"tool": "add", "args": {"a": 2, "b": 3}}, "The answer is 7."]
     demos = fb.record_demonstrations(make_rollout, tasks(1) + [dict(tasks(1, wrong)[0], id="bad")],
                                      models.load_tokenizer(taught_model_dir), recorder, progress=False)
     assert [t.task_id for t in demos] == ["add-0"]
-    assert "not learning from 1 of 2 (e.g. task 'bad': terminated, reward 0.0)" in capsys.readouterr().out
+    assert "not learning from 1 of 2 (e.g. task 'bad': terminated, reward 0.0)" in caplog.text
 
 
 def test_openai_jsonl_conversations_are_imported_as_demonstrations(taught_model_dir, recorder, tmp_path):
