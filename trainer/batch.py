@@ -43,14 +43,11 @@ class Sample:
     """The sampling temperature of its completions (1 where unknown or greedy)."""
     trainer_logprobs: list[float] | None = None
     """pi_old: the trainer's own logprobs before the update, when it had to compute them apart."""
+    calls: int = 1
+    """The model calls it trains: one, and one more for each step merged into it."""
     loss_term: str = "policy"
     """How the objective treats its completion tokens: 'policy' (its own samples: the clipped
     surrogate), 'guide' (a guide trajectory's: shaped) or 'relabel' (a teacher's action: imitated)."""
-
-    @property
-    def calls(self) -> int:
-        """The model calls it trains: one per step merged into it (a relabelled state: one)."""
-        return max(1, len(self.steps))
 
 
 def scoring_temperature(temperature: float | None) -> float:
@@ -144,6 +141,7 @@ def build_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Seque
                 current.advantages += [0.0] * len(gap) + adv
                 current.returns.append(ret)
                 current.steps.append((traj.id, s))
+                current.calls += 1
                 stats.merged_steps += 1
                 continue
             current = Sample(input_ids=list(prompt) + list(completion),
