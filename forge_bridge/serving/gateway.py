@@ -256,7 +256,7 @@ class Gateway:
         if response_id is None:
             return []
         with self._lock:
-            kept = self._responses.get(episode_id or "", {}).get(response_id)
+            kept = self._responses.get(episode_id or "", OrderedDict()).get(response_id)
         if kept is None:
             where = "this episode" if episode_id else "calls outside an episode (use the episode's URL)"
             raise RequestRefused(400, f"previous_response_id: no stored response {response_id!r} in {where}")

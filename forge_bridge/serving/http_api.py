@@ -219,31 +219,6 @@ def build_app(gateway: "Gateway") -> Any:
             {"id": n, "object": "model", "owned_by": "forge-bridge"} for n in names]})
 
     @handled
-    async def chat(request: Request):
-        authorize(gateway, request)
-        body = await read_json(gateway, request)
-        check_request(body)
-        completion = await gateway.complete(body, episode_of(request), request.headers)
-        if not body.get("stream"):
-            return JSONResponse(completion)
-        return sse([*(f"data: {json.dumps(chunk)}\n\n" for chunk in gateway.chunks(completion)), "data: [DONE]\n\n"])
-
-    @handled
-    async def responses(request: Request):
-        from forge_bridge.serving import responses_api
-
-        authorize(gateway, request)
-        reply, stream = await gateway.respond(await read_json(gateway, request), episode_of(request), request.headers)
-        return sse(responses_api.events(reply)) if stream else JSONResponse(reply)
-
-    async def messages(request: Request):
-        from forge_bridge.serving import messages_api
-
-        authorize(gateway, request)
-        reply, stream = await gateway.message(await read_json(gateway, request), episode_of(request), request.headers)
-        return sse(messages_api.events(reply)) if stream else JSONResponse(reply)
-
-    @handled
     async def finish(request: Request):
         authorize(gateway, request)
         body = await read_json(gateway, request)
@@ -263,16 +238,44 @@ def build_app(gateway: "Gateway") -> Any:
     routes = [Route("/health", health, methods=["GET"]),
               Route("/v1/models", models, methods=["GET"]),
               Route(f"{episode}/v1/models", models, methods=["GET"]),
-              Route("/v1/chat/completions", chat, methods=["POST"]),
-              Route(f"{episode}/v1/chat/completions", chat, methods=["POST"]),
-              Route("/v1/responses", responses, methods=["POST"]),
-              Route(f"{episode}/v1/responses", responses, methods=["POST"]),
-              Route("/v1/messages", handled(messages, anthropic_error), methods=["POST"]),
-              Route(f"{episode}/v1/messages", handled(messages, anthropic_error), methods=["POST"]),
               Route(f"{episode}/finish", finish, methods=["POST"]),
               Route(f"{episode}/feedback", feedback, methods=["POST"])]
+    routes += [Route(f"{prefix}/v1{path}", endpoint, methods=["POST"])
+               for path, endpoint in model_calls(gateway).items() for prefix in ("", episode)]
     return Starlette(routes=routes, exception_handlers={HTTPException: not_found})
 
 
+def model_calls(gateway: "Gateway") -> dict[str, Callable]:
+    """The endpoints of a model call, one per API, by their path under `/v1`."""
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+
+    async def chat(request: Request):
+        authorize(gateway, request)
+        body = await read_json(gateway, request)
+        check_request(body)
+        completion = await gateway.complete(body, episode_of(request), request.headers)
+        if not body.get("stream"):
+            return JSONResponse(completion)
+        return sse([*(f"data: {json.dumps(chunk)}\n\n" for chunk in gateway.chunks(completion)), "data: [DONE]\n\n"])
+
+    async def responses(request: Request):
+        from forge_bridge.serving import responses_api
+
+        authorize(gateway, request)
+        reply, stream = await gateway.respond(await read_json(gateway, request), episode_of(request), request.headers)
+        return sse(responses_api.events(reply)) if stream else JSONResponse(reply)
+
+    async def messages(request: Request):
+        from forge_bridge.serving import messages_api
+
+        authorize(gateway, request)
+        reply, stream = await gateway.message(await read_json(gateway, request), episode_of(request), request.headers)
+        return sse(messages_api.events(reply)) if stream else JSONResponse(reply)
+
+    return {"/chat/completions": handled(chat), "/responses": handled(responses),
+            "/messages": handled(messages, anthropic_error)}
+
+
 __all__ = ["MAX_BODY", "ChatCall", "RequestRefused", "anthropic_error", "build_app", "chat_call", "check_feedback",
-           "check_fields", "check_request", "expect", "not_found", "sse"]
+           "check_fields", "check_request", "expect", "model_calls", "not_found", "sse"]

@@ -172,7 +172,7 @@ def message(out: PolicyOutput, model: str, *, tokens: bool) -> dict:
     content += [{"type": "tool_use", "id": tc.id, "name": tc.name, "input": _input(tc.arguments)}
                 for tc in out.action.tool_calls]
     stop = "tool_use" if out.action.tool_calls else STOP.get(out.finish_reason or "", "end_turn")
-    reply = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model,
+    reply: dict[str, Any] = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model,
              "content": content, "stop_reason": stop, "stop_sequence": None, "usage": _usage(out, tokens)}
     if tokens:
         reply |= {"prompt_token_ids": out.prompt_token_ids, "token_ids": out.completion_token_ids,
