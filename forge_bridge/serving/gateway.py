@@ -1,7 +1,12 @@
-"""An OpenAI-compatible HTTP server in front of a policy that records every call.
+"""An OpenAI- and Anthropic-compatible HTTP server in front of a policy that records every call.
 
-For agents whose code cannot change: point their `base_url` (or `OPENAI_BASE_URL`) at the
-gateway. The episode a call belongs to is named by the URL (`/episodes/<id>/v1/...`) or the
+For agents whose code cannot change: point their `base_url` (or `OPENAI_BASE_URL`,
+`ANTHROPIC_BASE_URL`) at the gateway. It speaks three APIs: chat completions
+(`/v1/chat/completions`), OpenAI's Responses (`/v1/responses`: Codex, the OpenAI Agents SDK) and
+Anthropic's Messages (`/v1/messages`: Claude Code, Anthropic's SDK). Each request is translated
+into one chat-form call (`ChatCall`: `responses_api`, `messages_api`), so the policy, its
+template and its tool-call parsing are the same for all three, and each step records the API it
+came in by (`info['api']`). The episode a call belongs to is named by the URL (`/episodes/<id>/v1/...`) or the
 `X-Forge-Episode` header; a call that names none is recorded as a one-step episode of its own,
 so nothing is dropped. The request's `model`, when it names a policy slot, picks that slot's
 adapter (otherwise the default slot serves). `POST /episodes/<id>/finish` with `{"reward": r}`
@@ -14,7 +19,7 @@ waiting agents hold no thread each. Every malformed request gets an OpenAI-style
 the connection stays usable. Responses carry vLLM's extra fields (`prompt_token_ids`,
 per-choice `token_ids`, per-token logprobs), so a client that keeps them sees the exact tokens.
 Binds 127.0.0.1 unless told otherwise; with a token set, requests without
-`Authorization: Bearer <token>` are refused.
+`Authorization: Bearer <token>` (or Anthropic's `x-api-key: <token>`) are refused.
 """
 
 from __future__ import annotations
@@ -37,12 +42,13 @@ from forge_bridge.core.recording import DEFAULT_MAX_MODEL_CALLS, Limits, StepRew
 from forge_bridge.core.types import END_REASONS, Action, Feedback
 from forge_bridge.policies.base import DEFAULT_SLOT, Policy, PolicyOutput
 from forge_bridge.serving.background import BackgroundServer
-from forge_bridge.serving.http_api import MAX_BODY, build_app, check_request
+from forge_bridge.serving.http_api import MAX_BODY, ChatCall, RequestRefused, build_app, chat_call, check_request
 
 if TYPE_CHECKING:
     from forge_bridge.serving.promotion import Shadow
 
 MAX_ENDED_IDS = 100_000  # ended episode ids remembered (late calls to them get 409)
+MAX_KEPT_RESPONSES = 256  # Responses kept per open episode for previous_response_id (the oldest go first)
 
 
 class Gateway:
@@ -72,6 +78,8 @@ class Gateway:
         # ids of ended episodes -> status: late calls get 409, and the Episode objects (with all
         # their steps) are released, so a long-running gateway does not grow with every episode
         self._ended: OrderedDict[str, str] = OrderedDict()
+        # open episode id -> its Responses' conversations, by response id (previous_response_id)
+        self._responses: dict[str, OrderedDict[str, list[dict]]] = {}
         self._lock = threading.Lock()
         self._server: BackgroundServer | None = None
         self.app = build_app(self)
@@ -176,52 +184,97 @@ class Gateway:
     def _retire(self, episode_id: str, ep: Episode) -> None:
         with self._lock:
             self._episodes.pop(episode_id, None)
+            self._responses.pop(episode_id, None)
             self._ended[episode_id] = ep.trajectory.status
             while len(self._ended) > MAX_ENDED_IDS:
                 self._ended.popitem(last=False)
 
     # ------------------------------------------------------------------ the call
-    async def complete(self, body: dict, episode_id: str | None, headers: Any) -> dict:
-        """One chat completion, recorded through the recording protocol. Past the episode's
-        step limit the answer is an empty final message (nothing is recorded; the episode is
-        marked truncated), so the agent's loop ends."""
-        messages: Any  # as the request has it (its HTTP route checked it: check_request)
-        messages, tools = body.get("messages"), body.get("tools") or None
-        sampling = {k: body.get(k) for k in ("temperature", "top_p", "max_tokens",
-                                             "max_completion_tokens", "seed") if body.get(k) is not None}
+    async def call(self, call: ChatCall, episode_id: str | None, headers: Any) -> PolicyOutput:
+        """One model call in the chat form, whichever API asked for it, recorded through the
+        recording protocol (its step's `info['api']` names the API). Past the episode's step limit
+        the answer is an empty final message (nothing is recorded; the episode is marked
+        truncated), so the agent's loop ends."""
         if episode_id is None:
             ep = self.recorder.episode(headers.get("X-Forge-Task"), headers.get("X-Forge-Group"),
                                        metadata={"source": "gateway", "single_call": True}, behaviour=self.behaviour)
         else:
             ep = self.episode(headers.get("X-Forge-Task"), headers.get("X-Forge-Group"), episode_id=episode_id)
             ep.check_open()
-            if isinstance(messages, list):
-                ep.attach_tool_results([m for m in messages if isinstance(m, dict)])
-        slot = body.get("model") if body.get("model") in self.policy.slots else DEFAULT_SLOT
+            ep.attach_tool_results([m for m in call.messages if isinstance(m, dict)])
+        slot = call.model if call.model in self.policy.slots else DEFAULT_SLOT
         try:
-            out = await acall_policy(self.policy, ep, messages, tools, source="gateway",
-                                     limits=self.limits, slot=slot, sampling=sampling,
-                                     step_rewards=self.step_rewards)
+            out = await acall_policy(self.policy, ep, call.messages, call.tools, source="gateway",
+                                     limits=self.limits, slot=slot, sampling=call.sampling,
+                                     info={"api": call.api}, step_rewards=self.step_rewards)
         except (PolicyError, ValueError, TypeError) as exc:  # an outage, or the agent's bad request
             ep.fail(f"{type(exc).__name__}: {exc}", "outage" if isinstance(exc, PolicyError) else "crashed",
-                    messages=len(messages or []))
+                    messages=len(call.messages))
             if episode_id is not None:
                 self._retire(episode_id, ep)
             raise
         if episode_id is None:
             ep.finish()
         if self.shadow is not None and out is not None:
-            self.shadow.offer(self.policy, messages, tools, out, sampling)
-        return self._completion(body, out)
-
-    def _completion(self, body: dict, out: PolicyOutput | None) -> dict:
+            self.shadow.offer(self.policy, call.messages, call.tools, out, call.sampling)
         if out is None:  # a limit ended the episode: an empty final answer ends the agent's loop
-            out = PolicyOutput(Action(content="", finish_reason="stop"), [], [], [], None)
+            return PolicyOutput(Action(content="", finish_reason="stop"), [], [], [], None)
+        return out
+
+    async def complete(self, body: dict, episode_id: str | None, headers: Any) -> dict:
+        """One chat completion (a request `check_request` passed)."""
+        return self._completion(body, await self.call(chat_call(body), episode_id, headers))
+
+    async def respond(self, body: Any, episode_id: str | None, headers: Any) -> tuple[dict, bool]:
+        """One call of the Responses API: (the Response, whether it streams). With
+        `previous_response_id` the conversation it names (kept per episode) comes first."""
+        from forge_bridge.serving import responses_api
+
+        request = responses_api.parse(body)
+        earlier = self._conversation(episode_id, request.previous_response_id)
+        call, conversation = responses_api.chat_call(request, earlier)
+        out = await self.call(call, episode_id, headers)
+        reply = responses_api.response(request, out, self._model(request.model, out), tokens=self.behaviour != "upstream")
+        if request.store and episode_id is not None:
+            self._remember(episode_id, reply["id"], [*conversation, out.message])
+        return reply, request.stream
+
+    async def message(self, body: Any, episode_id: str | None, headers: Any) -> tuple[dict, bool]:
+        """One call of Anthropic's Messages API: (the Message, whether it streams)."""
+        from forge_bridge.serving import messages_api
+
+        call, stream = messages_api.parse(body)
+        out = await self.call(call, episode_id, headers)
+        return messages_api.message(out, self._model(call.model, out), tokens=self.behaviour != "upstream"), stream
+
+    def _model(self, asked: str | None, out: PolicyOutput) -> str:
+        """The model a reply names: the upstream's own, else the one asked for, else the gateway's."""
+        return (self.behaviour == "upstream" and out.info.get("upstream")) or asked or self.model_name
+
+    def _conversation(self, episode_id: str | None, response_id: str | None) -> list[dict]:
+        """The conversation (chat messages, instructions left out) a Response of this episode ended."""
+        if response_id is None:
+            return []
+        with self._lock:
+            kept = self._responses.get(episode_id or "", OrderedDict()).get(response_id)
+        if kept is None:
+            where = "this episode" if episode_id else "calls outside an episode (use the episode's URL)"
+            raise RequestRefused(400, f"previous_response_id: no stored response {response_id!r} in {where}")
+        return kept
+
+    def _remember(self, episode_id: str, response_id: str, conversation: list[dict]) -> None:
+        with self._lock:
+            if episode_id in self._episodes:  # not one that ended meanwhile
+                kept = self._responses.setdefault(episode_id, OrderedDict())
+                kept[response_id] = conversation
+                while len(kept) > MAX_KEPT_RESPONSES:
+                    kept.popitem(last=False)
+
+    def _completion(self, body: dict, out: PolicyOutput) -> dict:
         upstream = self.behaviour == "upstream"  # the upstream's reply as it gave it: the student's tokens are the store's
         choice = {"index": 0, "message": out.message, "finish_reason": out.finish_reason}
         completion = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                      "model": (upstream and out.info.get("upstream")) or body.get("model") or self.model_name,
-                      "choices": [choice]}
+                      "model": self._model(body.get("model"), out), "choices": [choice]}
         if upstream:
             if out.info.get("upstream_usage"):
                 completion["usage"] = out.info["upstream_usage"]

@@ -1,12 +1,15 @@
 """The gateway's HTTP surface (Starlette): routes, bearer-token auth, body limits, request checks,
-and OpenAI-style JSON errors. `Gateway` (serving/gateway.py) holds what the routes call."""
+and JSON errors in the shape of the API asked (OpenAI's, or Anthropic's on `/v1/messages`).
+`Gateway` (serving/gateway.py) holds what the routes call; each API's translation into the chat
+form every call takes (`ChatCall`) lives in a module of its own (`responses_api`, `messages_api`)."""
 
 from __future__ import annotations
 
 import hmac
 import json
 import re
-from typing import TYPE_CHECKING, Any, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, cast
 
 from forge_bridge.core.errors import EpisodeClosed, ForgeBridgeError, NotFound, PolicyError, SchemaError
 
@@ -27,6 +30,45 @@ class RequestRefused(ForgeBridgeError):
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
         super().__init__(message)
         self.status, self.kind = status, kind
+
+
+@dataclass(frozen=True)
+class ChatCall:
+    """One model call in the chat form every API is translated into: what the policy is asked and
+    what the step records, whichever API the agent spoke."""
+
+    messages: list[dict]
+    """OpenAI chat messages (`tool` messages carry the results of earlier calls)."""
+    tools: list[dict] | None
+    """OpenAI function tools (`{"type": "function", "function": {...}}`), or None."""
+    sampling: dict
+    """temperature, top_p, max_tokens, ... as `Policy.chat` takes them."""
+    model: str | None
+    """The model the request named (a policy slot's name picks that slot)."""
+    api: str
+    """The API it came in by, recorded in the step's `info['api']`: chat, responses or messages."""
+
+
+def expect(value: Any, kinds: type | tuple[type, ...], where: str, what: str) -> Any:
+    """`value` if it is one of `kinds` (a bool is never a number), else a 400 naming the field."""
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    if isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool)):
+        return value
+    raise RequestRefused(400, f"{where}: expected {what}, got {json.dumps(value)[:80]}")
+
+
+def check_fields(body: dict, known: Iterable[str], where: str = "the body") -> None:
+    """A 400 naming the fields of `body` this API does not have (as OpenAI's and Anthropic's
+    servers refuse them: a misspelt field is never silently ignored)."""
+    unknown = sorted(set(body) - set(known))
+    if unknown:
+        raise RequestRefused(400, f"{where}: unknown field{'s' * (len(unknown) > 1)} {', '.join(unknown)}")
+
+
+def chat_call(body: dict) -> ChatCall:
+    """A chat-completion request (checked: `check_request`) as the call it asks for."""
+    sampling = {k: body.get(k) for k in _SAMPLING if body.get(k) is not None}
+    return ChatCall(body["messages"], body.get("tools") or None, sampling, body.get("model"), "chat")
 
 
 def check_request(body: Any) -> None:
@@ -62,13 +104,30 @@ def error(status: int, message: str, kind: str = "invalid_request_error") -> Any
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status)
 
 
+_ANTHROPIC_KINDS = {401: "authentication_error", 404: "not_found_error", 413: "request_too_large",
+                    502: "api_error"}
+
+
+def anthropic_error(status: int, message: str, kind: str = "invalid_request_error") -> Any:
+    """An Anthropic-style JSON error response (what its SDK reads on `/v1/messages`)."""
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"type": "error", "error": {"type": _ANTHROPIC_KINDS.get(status, kind), "message": message}},
+                        status)
+
+
 def authorize(gateway: "Gateway", request: Any) -> None:
-    """Refuse (401) a request without the gateway's bearer token, when it has one."""
+    """Refuse (401) a request without the gateway's token, when it has one: `Authorization:
+    Bearer <token>` (OpenAI's clients) or `x-api-key: <token>` (Anthropic's)."""
     if gateway.token is None:
         return
-    given = request.headers.get("authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {gateway.token}".encode()):
-        raise RequestRefused(401, "missing or wrong bearer token", "authentication_error")
+    bearer = request.headers.get("authorization", "")
+    key = request.headers.get("x-api-key")
+    if key is not None and hmac.compare_digest(key.encode(), gateway.token.encode()):
+        return
+    if not hmac.compare_digest(bearer.encode(), f"Bearer {gateway.token}".encode()):
+        raise RequestRefused(401, "missing or wrong token (Authorization: Bearer <token>, or x-api-key)",
+                             "authentication_error")
 
 
 async def read_json(gateway: "Gateway", request: Any) -> Any:
@@ -86,6 +145,8 @@ async def read_json(gateway: "Gateway", request: Any) -> Any:
         return json.loads(b"".join(chunks) or b"{}")
     except ValueError as exc:
         raise RequestRefused(400, f"invalid JSON body: {exc}") from None
+    except RecursionError:
+        raise RequestRefused(400, "invalid JSON body: nested too deeply") from None
 
 
 def episode_of(request: Any) -> str | None:
@@ -96,22 +157,29 @@ def episode_of(request: Any) -> str | None:
     return episode_id
 
 
-def handled(endpoint):
-    """The endpoint with forge-bridge's errors turned into their HTTP statuses."""
+def handled(endpoint: Callable, shape: Callable[..., Any] = error) -> Callable:
+    """The endpoint with forge-bridge's errors turned into their HTTP statuses, in `shape`."""
     async def run(request: Any):
         try:
             return await endpoint(request)
         except RequestRefused as exc:
-            return error(exc.status, str(exc), exc.kind)
+            return shape(exc.status, str(exc), exc.kind)
         except NotFound as exc:
-            return error(404, exc.args[0] if exc.args else "not found")
+            return shape(404, exc.args[0] if exc.args else "not found")
         except EpisodeClosed as exc:
-            return error(409, str(exc))
+            return shape(409, str(exc))
         except PolicyError as exc:
-            return error(502, f"the policy failed: {exc}", "policy_error")
+            return shape(502, f"the policy failed: {exc}", "policy_error")
         except (ValueError, TypeError, SchemaError) as exc:
-            return error(400, str(exc))
+            return shape(400, str(exc))
     return run
+
+
+def sse(events: Iterable[str]) -> Any:
+    """Server-sent events, already formatted, as a streaming response."""
+    from starlette.responses import StreamingResponse
+
+    return StreamingResponse(iter(events), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 def check_feedback(body: Any) -> dict:
@@ -137,7 +205,7 @@ def build_app(gateway: "Gateway") -> Any:
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import Request
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.responses import JSONResponse
     from starlette.routing import Route
 
     async def health(request: Request):
@@ -149,23 +217,6 @@ def build_app(gateway: "Gateway") -> Any:
         names = [gateway.model_name] + [v for v in gateway.policy.versions() if v]
         return JSONResponse({"object": "list", "data": [
             {"id": n, "object": "model", "owned_by": "forge-bridge"} for n in names]})
-
-    @handled
-    async def chat(request: Request):
-        authorize(gateway, request)
-        body = await read_json(gateway, request)
-        check_request(body)
-        completion = await gateway.complete(body, episode_of(request), request.headers)
-        if not body.get("stream"):
-            return JSONResponse(completion)
-
-        async def events():
-            for chunk in gateway.chunks(completion):
-                yield f"data: {json.dumps(chunk)}\n\n"
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
 
     @handled
     async def finish(request: Request):
@@ -187,11 +238,44 @@ def build_app(gateway: "Gateway") -> Any:
     routes = [Route("/health", health, methods=["GET"]),
               Route("/v1/models", models, methods=["GET"]),
               Route(f"{episode}/v1/models", models, methods=["GET"]),
-              Route("/v1/chat/completions", chat, methods=["POST"]),
-              Route(f"{episode}/v1/chat/completions", chat, methods=["POST"]),
               Route(f"{episode}/finish", finish, methods=["POST"]),
               Route(f"{episode}/feedback", feedback, methods=["POST"])]
+    routes += [Route(f"{prefix}/v1{path}", endpoint, methods=["POST"])
+               for path, endpoint in model_calls(gateway).items() for prefix in ("", episode)]
     return Starlette(routes=routes, exception_handlers={HTTPException: not_found})
 
 
-__all__ = ["MAX_BODY", "RequestRefused", "build_app", "check_feedback", "check_request", "not_found"]
+def model_calls(gateway: "Gateway") -> dict[str, Callable]:
+    """The endpoints of a model call, one per API, by their path under `/v1`."""
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+
+    async def chat(request: Request):
+        authorize(gateway, request)
+        body = await read_json(gateway, request)
+        check_request(body)
+        completion = await gateway.complete(body, episode_of(request), request.headers)
+        if not body.get("stream"):
+            return JSONResponse(completion)
+        return sse([*(f"data: {json.dumps(chunk)}\n\n" for chunk in gateway.chunks(completion)), "data: [DONE]\n\n"])
+
+    async def responses(request: Request):
+        from forge_bridge.serving import responses_api
+
+        authorize(gateway, request)
+        reply, stream = await gateway.respond(await read_json(gateway, request), episode_of(request), request.headers)
+        return sse(responses_api.events(reply)) if stream else JSONResponse(reply)
+
+    async def messages(request: Request):
+        from forge_bridge.serving import messages_api
+
+        authorize(gateway, request)
+        reply, stream = await gateway.message(await read_json(gateway, request), episode_of(request), request.headers)
+        return sse(messages_api.events(reply)) if stream else JSONResponse(reply)
+
+    return {"/chat/completions": handled(chat), "/responses": handled(responses),
+            "/messages": handled(messages, anthropic_error)}
+
+
+__all__ = ["MAX_BODY", "ChatCall", "RequestRefused", "anthropic_error", "build_app", "chat_call", "check_feedback",
+           "check_fields", "check_request", "expect", "model_calls", "not_found", "sse"]

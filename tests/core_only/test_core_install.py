@@ -85,3 +85,21 @@ def test_an_agent_recorded_through_the_gateway_is_trained_on(tmp_path):
     assert sum(h["batch_samples"] for h in history) > 0  # a group with a reward spread was trained
     assert policy.current() == "run-v2"
     policy.close()
+
+
+def test_the_responses_and_messages_routes_need_neither_sdk(tmp_path):
+    """The gateway's Responses and Messages routes are the core's own: no `openai`, no `anthropic`."""
+    import sys
+
+    from forge_bridge.policies.scripted import ScriptedPolicy
+
+    policy = ScriptedPolicy(lambda messages, tools: "Five.", models.tiny_tokenizer())
+    with fb.Gateway(policy, fb.Recorder(fb.TrajectoryStore(tmp_path / "t.db"))) as gateway:
+        url = gateway.episode_url("apis")
+        answer = httpx.post(f"{url}/responses", json={"model": "forge", "input": "2 + 3?"}).json()
+        message = httpx.post(f"{url}/messages", json={"model": "forge", "max_tokens": 16, "messages": [
+            {"role": "user", "content": "2 + 3?"}]}).json()
+        steps = gateway.recorder.store.get("apis").transitions
+    assert answer["output"][0]["content"][0]["text"] == "Five." and message["content"][0]["text"] == "Five."
+    assert [s.info["api"] for s in steps] == ["responses", "messages"]
+    assert not {"openai", "anthropic"} & set(sys.modules)
