@@ -24,6 +24,7 @@ def run(model: str, out: str, strategy: str | None = None, iterations: int = 2, 
     config = fb.GRPOConfig(group_size=4, lr=1e-3, kl_beta=0.05, minibatch_size=8, microbatch_size=microbatch,
                            lora_rank=8, lora_alpha=16, bf16=False, concurrency=1, progress=False, seed=0,
                            out_dir=out, run_name="dist", max_staleness=staleness,
+                           merge_steps=False,  # a sample per call: the uneven split's 8 samples
                            distributed=fb.Distributed(strategy=strategy) if strategy else None)
     policy = fb.LocalPolicy(model, device="cpu") if distributed.leader() else None
     trainer = fb.GRPOTrainer(policy, config, model=model)

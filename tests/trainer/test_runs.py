@@ -121,4 +121,6 @@ def test_a_model_looping_until_the_framework_limit_is_trained_on_as_truncated(ma
         assert traj.end_reason == "truncated" and traj.reward == 0.0 and len(traj) >= 2
         assert traj.transitions[-1].truncated
     samples, batch_stats, _ = trainer.prepare(groups)
-    assert batch_stats.samples == sum(len(t) for t in group.trajectories) and batch_stats.untrainable_steps == 0
+    # every step is trained: a sequence of its own, or merged into the one before
+    assert sum(s.calls for s in samples) == batch_stats.samples + batch_stats.merged_steps == sum(
+        len(t) for t in group.trajectories) and batch_stats.untrainable_steps == 0
