@@ -14,7 +14,7 @@ from forge_bridge.app.config_flags import config_kwargs
 
 DEMO_FLAGS = ("model", "out_dir", "seed", "rl_iterations", "sft_epochs", "max_tokens", "demonstrate",
               "multi_step_demos", "guide", "guide_k", "guide_shaping", "relabel_weight",
-              "distill_beta")
+              "distill_beta", "validate_every")
 """DemoConfig fields the `demo` command takes as flags."""
 QUICK: dict[str, Any]
 QUICK = dict(train_per_kind=4, eval_per_kind=2, sft_epochs=1, rl_iterations=2, rl_tasks_per_kind=(1, 1, 1),

@@ -9,7 +9,8 @@ measurably better at tool use through forge-bridge, on the embedded model, on a 
    start the LoRA with SFT on them (a 135M model does not call tools out of the box);
 4. evaluate (SFT); train with multi-turn GRPO (per-step gamma credit, a batch baseline, a KL
    to the warm start) while the same agent object keeps running and picks up every new
-   adapter; evaluate (SFT+RL);
+   adapter, scoring the validation tasks every `validate_every` iterations and ending on the
+   best version there (never below the warm start); evaluate (SFT+RL);
 5. print the table, write the reward curve and TensorBoard logs, and let the live agent answer
    one more question with the trained adapter.
 """
@@ -269,7 +270,10 @@ class DemoRun:
             return [t for kind, n in zip(KINDS_ORDER, config.rl_tasks_per_kind)
                     for t in rng.sample(by_kind[kind], n)]
 
-        trainer.train(rollout, schedule, iterations=trainer.iteration + config.rl_iterations)
+        # the validation split picks the version served at the end; the held-out split stays unseen
+        trainer.train(rollout, schedule, iterations=trainer.iteration + config.rl_iterations,
+                      validation=self.validation if config.validate_every else None,
+                      eval_every=max(config.validate_every, 1))
         self.timings["GRPO"] = time.perf_counter() - t
 
     def teacher(self) -> Any:

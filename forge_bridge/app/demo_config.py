@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from forge_bridge.app.tasks import BRIDGE_KINDS, KINDS_ORDER, MULTI_STEP_KINDS
 from forge_bridge.core.errors import InvalidArgument
 
-_MAY_BE_ZERO = ("seed", "sft_epochs", "rl_iterations")
+_MAY_BE_ZERO = ("seed", "sft_epochs", "rl_iterations", "validate_every")
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,10 @@ class DemoConfig:
     after a lookup (answer 1, multiply 2) are each taught both ways in every update."""
     group_size: int = 8
     """Rollouts per task (GRPO group)."""
+    validate_every: int = 2
+    """GRPO scores the validation tasks greedily at its start and every this many iterations, and
+    ends serving the best version on them, never one below the warm start (`train(validation=...)`);
+    0: off, the last version is served."""
     baseline: str = "batch"
     """GRPO's baseline: 'batch' (every rollout of the iteration, so a kind whose rollouts all
     failed, or all passed, still has a signal) or 'group' (the task's own rollouts: then such a

@@ -17,7 +17,15 @@ def test_demo_pipeline_runs_end_to_end(quick_demo):
     assert list(summary["results"]) == ["base", "SFT", "SFT+RL"] == list(summary["validation"])
     assert "validation tasks, where the settings were chosen: base" in proc.stdout
     assert summary["config"]["distill_beta"] == 1.0 and "teacher SFT" in summary["timings_s"]
-    assert summary["version"] == "demo-v2"  # demo-sft from SFT, v1-v2 from two GRPO iterations
+    # demo-sft from SFT, v1-v2 from two GRPO iterations; validation (at the start and after the
+    # last iteration) picks which one is served at the end, never one below the warm start
+    (best,) = [e for line in (out / "events.jsonl").read_text().splitlines()
+               for e in [json.loads(line)] if e["event"] == "best_on_validation"]
+    assert set(best["scores"]) == {"0", "2"} and best["iteration"] in (0, 2)
+    assert best["scores"][str(best["iteration"])] == max(best["scores"].values())
+    assert best["scores"]["2"] > best["scores"]["0"] or best["iteration"] == 0  # a tie keeps the start
+    live = {0: "demo-sft", 2: "demo-v2"}[best["iteration"]]
+    assert summary["version"] == best["versions"]["default"] == live
     assert summary["sft"]["sft_loss_last"] < summary["sft"]["sft_loss_first"]
     assert (out / "reward_curve.png").stat().st_size > 1000
     assert (out / "adapters" / "demo-v2" / "adapter_model.safetensors").is_file()
@@ -38,7 +46,8 @@ def test_demo_pipeline_runs_end_to_end(quick_demo):
         iterations = [m for line in (out / "metrics.jsonl").read_text().splitlines()
                       for m in [json.loads(line)] if "time_rollout_s" in m]
         used, missing = (sum(m[key] for m in iterations) for key in ("guide_trajectories", "guides_missing"))
-        assert len(iterations) == 2 and used <= len(guides) <= used + missing  # a failed guide rollout is kept
+        assert len(iterations) == 2 and "val/success" in iterations[-1]
+        assert used <= len(guides) <= used + missing  # a failed guide rollout is kept
         assert all(m["distill_unscored_steps"] == 0 and m["distill_log_ratio"] != 0 for m in iterations)
         assert {g.transitions[0].version for g in guides} <= {"teacher-sft"}
         assert len(rl) + len(guides) == len(every) and len(rl) == 2 * 3 * 4
@@ -47,8 +56,9 @@ def test_demo_pipeline_runs_end_to_end(quick_demo):
             kinds = sorted(t.task_id.rsplit("-", 1)[0] for t in rl if t.metadata["iteration"] == it)
             assert kinds == sorted(["multiply", "lookup", "lookup_multiply"] * 4)
         (final,) = store.trajectories(run_id="final")
-        assert final.transitions[0].version == "demo-v2"
-    assert "the live agent, on demo-v2" in proc.stdout
+        assert final.transitions[0].version == live
+        assert store.count(run_id=f"{run_id}-val-0") == store.count(run_id=f"{run_id}-val-2") == 6
+    assert f"the live agent, on {live}" in proc.stdout
 
 
 def test_demo_with_no_grpo_iteration_reports_sft_alone_on_the_kinds_demonstrated(taught_model_dir, tmp_path):
