@@ -46,7 +46,6 @@ from forge_bridge.core.errors import (
     AdapterError,
     ContextLengthExceeded,
     InvalidArgument,
-    MissingExtra,
     PolicyError,
 )
 from forge_bridge.policies.base import Policy, PolicyOutput, Sampling
@@ -203,13 +202,13 @@ class OpenVINOPolicy(Policy):
         """`model`: a named model or a transformers folder (its IR is exported once and cached,
         `openvino_ir.export`). `tool_format`: as LocalPolicy's."""
         super().__init__(keep_versions=keep_versions, adapter_roots=adapter_roots)
-        try:
-            import numpy as np
-            import openvino as ov
-            import openvino_genai as ov_genai
-        except ImportError:
-            raise MissingExtra("OpenVINOPolicy needs openvino-genai: pip install openvino-genai==2026.4.1.0") from None
+        import numpy as np
+
+        from forge_bridge.core.extras import require
         from forge_bridge.policies import models, openvino_ir
+
+        ov_genai = require("openvino_genai", "openvino")
+        ov = require("openvino", "openvino")
 
         self.config = config or OpenVINOConfig()
         """How the model runs (frozen)."""
