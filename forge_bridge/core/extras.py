@@ -1,5 +1,5 @@
 """The optional integrations (extras, as langchain-core has them): the core installs without
-LangChain, CrewAI, Ray, Playwright, MiniWoB++, matplotlib, pyarrow, wandb or MLflow, and a module
+LangChain, CrewAI, Ray, Playwright, MiniWoB++, matplotlib, pyarrow, wandb, MLflow or OpenVINO, and a module
 that needs one of them imports it through `require` (or finds its data files through `locate`),
 which names the `pip install` that brings it."""
 
@@ -22,6 +22,7 @@ EXTRAS = {
     "parquet": "Parquet export (pyarrow)",
     "wandb": "reporting a run to Weights & Biases (report_to=('wandb',))",
     "mlflow": "reporting a run to MLflow (report_to=('mlflow',))",
+    "openvino": "the OpenVINO GenAI policy (forge_bridge.policies.openvino)",
 }
 """Each extra and what it enables; `[all]` installs every one."""
 
