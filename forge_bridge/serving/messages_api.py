@@ -25,7 +25,8 @@ from typing import Any, Iterator
 from forge_bridge.policies.base import PolicyOutput
 from forge_bridge.serving.http_api import ChatCall, RequestRefused, check_fields, expect
 
-IGNORED = {"metadata", "service_tier", "stop_sequences", "thinking", "tool_choice", "top_k"}
+IGNORED = {"context_management", "metadata", "output_config", "service_tier", "stop_sequences", "thinking",
+           "tool_choice", "top_k"}
 """Fields a client may send that change nothing here (checked for their type)."""
 USED = {"model", "max_tokens", "messages", "system", "tools", "temperature", "top_p", "stream"}
 NOT_TEXT = {"image": "images", "document": "documents", "search_result": "search results"}
@@ -51,7 +52,8 @@ def parse(body: Any) -> tuple[ChatCall, bool]:
         if body.get(name) is not None:
             sampling[name] = expect(body[name], (int, float), name, "a number")
     _check_ignored(body)
-    tools = [_tool(t, f"tools[{i}]") for i, t in enumerate(expect(body.get("tools") or [], list, "tools", "a list"))]
+    listed = [_tool(t, f"tools[{i}]") for i, t in enumerate(expect(body.get("tools") or [], list, "tools", "a list"))]
+    tools = [t for t in listed if t is not None]
     messages = [*_system(body.get("system")), *_messages(body["messages"])]
     stream = body.get("stream")
     return (ChatCall(messages, tools or None, sampling, body["model"], "messages"),
@@ -60,6 +62,7 @@ def parse(body: Any) -> tuple[ChatCall, bool]:
 
 def _check_ignored(body: dict) -> None:
     for name, kinds, what in (("metadata", dict, "an object"), ("thinking", dict, "an object"),
+                              ("context_management", dict, "an object"), ("output_config", dict, "an object"),
                               ("tool_choice", dict, "an object"), ("top_k", int, "an integer"),
                               ("stop_sequences", list, "a list of strings"), ("service_tier", str, "a string")):
         if body.get(name) is not None:
@@ -79,17 +82,25 @@ def _system(system: Any) -> list[dict]:
     return [{"role": "system", "content": text}] if text else []
 
 
-def _tool(tool: Any, where: str) -> dict:
+def _tool(tool: Any, where: str) -> dict | None:
+    """A custom tool as a chat function tool; None for one with `defer_loading` (the API keeps it
+    out of the model's context until a tool search loads it)."""
     expect(tool, dict, where, "a tool object")
     if tool.get("type") not in (None, "custom"):
         raise RequestRefused(400, f"{where}.type: only custom tools (name, input_schema) are served here, "
                                   f"got {tool.get('type')!r}")
-    check_fields(tool, {"type", "name", "description", "input_schema", "cache_control", "strict"}, where)
+    check_fields(tool, {"type", "name", "description", "input_schema", "cache_control", "strict", "defer_loading",
+                        "eager_input_streaming", "input_examples", "allowed_callers"}, where)
+    for name, kinds, what in (("defer_loading", bool, "true or false"), ("eager_input_streaming", bool, "true or false"),
+                              ("strict", bool, "true or false"), ("input_examples", list, "a list"),
+                              ("allowed_callers", list, "a list")):
+        if tool.get(name) is not None:
+            expect(tool[name], kinds, f"{where}.{name}", what)
     function = {"name": expect(tool.get("name"), str, f"{where}.name", "a string")}
     if tool.get("description") is not None:
         function["description"] = expect(tool["description"], str, f"{where}.description", "a string")
     function["parameters"] = expect(tool.get("input_schema"), dict, f"{where}.input_schema", "a JSON schema object")
-    return {"type": "function", "function": function}
+    return None if tool.get("defer_loading") else {"type": "function", "function": function}
 
 
 def _messages(messages: list) -> list[dict]:
@@ -101,8 +112,8 @@ def _messages(messages: list) -> list[dict]:
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         role = expect(m, dict, where, "a message object").get("role")
-        if role not in ("user", "assistant"):
-            raise RequestRefused(400, f"{where}.role: expected user or assistant, got {role!r}")
+        if role not in ("user", "assistant", "system"):
+            raise RequestRefused(400, f"{where}.role: expected user, assistant or system, got {role!r}")
         check_fields(m, {"role", "content"}, where)
         content = m.get("content")
         if isinstance(content, str):
@@ -111,7 +122,11 @@ def _messages(messages: list) -> list[dict]:
         blocks = expect(content, list, f"{where}.content", "a string or a list of content blocks")
         if not blocks:
             raise RequestRefused(400, f"{where}.content: expected a string or a non-empty list of content blocks")
-        out += _assistant(blocks, where, made) if role == "assistant" else _user(blocks, where, made)
+        if role == "system":  # a system turn mid-conversation (Claude Code's): text only, where it stands
+            out.append({"role": "system", "content": "".join(_text(b, f"{where}.content[{j}]")
+                                                             for j, b in enumerate(blocks))})
+        else:
+            out += _assistant(blocks, where, made) if role == "assistant" else _user(blocks, where, made)
     return out
 
 
