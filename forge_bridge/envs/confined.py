@@ -160,6 +160,8 @@ def run_confined(argv: list[str], workdir: str | os.PathLike, limits: CommandLim
         prefix: tuple[str, ...] = rlimit_prefix(limits, processes_allowed(limits.processes))
         confinement += ["rlimits", "nproc"] if prefix else []
         check_reachable(workdir)
+        for bind in binds:
+            check_reachable(Path(bind.host), "bound folder")
         hand_over(workdir, recursive=False)
         prefix += privilege_drop_prefix() + tuple(bwrap_argv(workdir, network=limits.network, tmp_mb=limits.tmp_mb,
                                                              binds=binds))

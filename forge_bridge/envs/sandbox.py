@@ -148,7 +148,7 @@ def _tasks_of(uid: int) -> int:
     return count
 
 
-def check_reachable(workdir: Path) -> None:
+def check_reachable(workdir: Path, what: str = "working directory") -> None:
     """As root the sandbox is entered as uid 65534, which must be able to reach `workdir` to
     bind it: refuse clearly (before anything runs) when a parent folder is closed to others."""
     if os.geteuid() != 0:
@@ -156,9 +156,9 @@ def check_reachable(workdir: Path) -> None:
     for parent in workdir.parents:
         if not os.stat(parent).st_mode & 0o001:
             raise InvalidArgument(
-                f"working directory {workdir}: the sandbox user (uid {SANDBOX_UID}) cannot reach it, {parent} "
-                f"is closed to other users; keep working directories under a folder others may traverse "
-                f"(the default, the system's temporary folder, is one; or chmod o+x {parent})")
+                f"{what} {workdir}: the sandbox user (uid {SANDBOX_UID}) cannot reach it, {parent} "
+                f"is closed to other users; keep it under a folder others may traverse "
+                f"(the system's temporary folder is one; or chmod o+x {parent})")
 
 
 def hand_over(path: Path, recursive: bool = True) -> None:
