@@ -141,6 +141,32 @@ def _read_head(path: Path, limit: int) -> tuple[str, int]:
     return text, size
 
 
+def _confinement(workdir: Path, limits: CommandLimits, sandbox: str,
+                 binds: Sequence[Bind]) -> tuple[tuple[str, ...], dict[str, str], list[str]]:
+    """The argv prefix, the environment and the names of the confinements that apply."""
+    confinement = ["timeout"]
+    if sandbox == "bwrap":
+        prefix: tuple[str, ...] = rlimit_prefix(limits, processes_allowed(limits.processes))
+        confinement += ["rlimits", "nproc"] if prefix else []
+        check_reachable(workdir)
+        for bind in binds:
+            check_reachable(Path(bind.host), "bound folder")
+        hand_over(workdir, recursive=False)
+        prefix += privilege_drop_prefix() + tuple(bwrap_argv(workdir, network=limits.network, tmp_mb=limits.tmp_mb,
+                                                             binds=binds))
+        confinement += ["sandbox-fs", "pid-namespace", "unprivileged"] + ([] if limits.network else ["no-network"])
+        return prefix, command_environment(), confinement
+    if binds:
+        raise InvalidArgument("binds: only the bubblewrap sandbox binds folders (sandbox='none' sees the host's)")
+    prefix = rlimit_prefix(limits)
+    confinement += ["rlimits"] if prefix else []
+    if not limits.network:
+        net = network_isolation_prefix()
+        confinement += ["no-network"] if net else []
+        prefix += net
+    return prefix, command_environment(home=str(workdir), tmp=str(workdir)), confinement
+
+
 def run_confined(argv: list[str], workdir: str | os.PathLike, limits: CommandLimits,
                  sandbox: str = "bwrap", *, env: Mapping[str, str] | None = None,
                  binds: Sequence[Bind] = ()) -> CommandResult:
@@ -155,28 +181,7 @@ def run_confined(argv: list[str], workdir: str | os.PathLike, limits: CommandLim
         raise InvalidArgument(f"argv: expected a non-empty list of strings, got {argv!r}")
     require_sandbox(sandbox)
     workdir = Path(workdir).resolve()
-    confinement = ["timeout"]
-    if sandbox == "bwrap":
-        prefix: tuple[str, ...] = rlimit_prefix(limits, processes_allowed(limits.processes))
-        confinement += ["rlimits", "nproc"] if prefix else []
-        check_reachable(workdir)
-        for bind in binds:
-            check_reachable(Path(bind.host), "bound folder")
-        hand_over(workdir, recursive=False)
-        prefix += privilege_drop_prefix() + tuple(bwrap_argv(workdir, network=limits.network, tmp_mb=limits.tmp_mb,
-                                                             binds=binds))
-        confinement += ["sandbox-fs", "pid-namespace", "unprivileged"] + ([] if limits.network else ["no-network"])
-        environment = command_environment()
-    else:
-        if binds:
-            raise InvalidArgument("binds: only the bubblewrap sandbox binds folders (sandbox='none' sees the host's)")
-        prefix = rlimit_prefix(limits)
-        confinement += ["rlimits"] if prefix else []
-        if not limits.network:
-            net = network_isolation_prefix()
-            confinement += ["no-network"] if net else []
-            prefix += net
-        environment = command_environment(home=str(workdir), tmp=str(workdir))
+    prefix, environment, confinement = _confinement(workdir, limits, sandbox, binds)
     environment.update(env or {})
     with tempfile.TemporaryDirectory(prefix="forge-cmd-") as capture:
         out_path, err_path = Path(capture) / "stdout", Path(capture) / "stderr"

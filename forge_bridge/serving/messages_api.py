@@ -45,9 +45,9 @@ def parse(body: Any, *, counting: bool = False) -> tuple[ChatCall, bool]:
     if not isinstance(body, dict):
         raise RequestRefused(400, "the body must be a JSON object")
     check_fields(body, COUNTED if counting else USED | IGNORED)
-    required = (("model", str, "a string"), ("messages", list, "a non-empty list of messages"))
+    required: list[tuple[str, type, str]] = [("model", str, "a string"), ("messages", list, "a non-empty list of messages")]
     if not counting:
-        required += (("max_tokens", int, "an integer"),)
+        required.append(("max_tokens", int, "an integer"))
     for name, kinds, what in required:
         if name not in body:
             raise RequestRefused(400, f"{name}: required")
