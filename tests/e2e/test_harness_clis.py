@@ -108,3 +108,21 @@ def test_the_harness_does_a_task_in_the_sandbox_through_the_gateway(name, tmp_pa
         assert call.id in use.info["tool_results"]
         assert answer.action.content == "total.txt holds the sum." and not answer.action.tool_calls
     assert not (Path(os.getcwd()) / "total.txt").exists()
+
+
+@pytest.mark.parametrize("example, api, tool", [("codex_harness", "responses", "exec_command"),
+                                               ("claude_code_harness", "messages", "Bash"),
+                                               ("openclaw_harness", "chat", "exec")])
+def test_the_harness_example_runs_as_written(example, api, tool, tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / f"{example}.py")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600, env={**os.environ})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "[sum] reward=1.0 status=complete steps=2"
+    assert lines[1].startswith(f"  step 0 ({api}): ") and f"calls=['{tool}(" in lines[1]
+    with fb.TrajectoryStore(tmp_path / "runs" / "examples" / "harnesses.db") as store:
+        (traj,) = store.trajectories()
+    assert traj.reward == 1.0 and [s.info["api"] for s in traj] == [api, api]
