@@ -28,6 +28,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Mapping
 
 from forge_bridge.core.errors import InvalidArgument, WrongType
@@ -85,7 +86,7 @@ class InSandbox:
             if isinstance(value, str) or not all(isinstance(p, str) and p.startswith("/") for p in value):
                 raise InvalidArgument(f"InSandbox.{name}: expected a tuple of absolute paths, got {value!r}")
             object.__setattr__(self, name, tuple(value))
-        object.__setattr__(self, "env", dict(self.env))
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))  # read-only, as the rest
 
     def run(self, task: ToolTask, argv: list[str], env: Mapping[str, str], gateway: tuple[str, int],
             timeout_s: float | None = None) -> ProgramRun:
@@ -119,15 +120,15 @@ class InSandbox:
         if python is None:
             raise InvalidArgument("a sandboxed program reaches the gateway through a relay run by the system's "
                                   "python3 (under /usr), which is missing")
-        with tempfile.TemporaryDirectory(prefix="forge-relay-", dir=self.root) as sockets:
-            os.chmod(sockets, 0o755)
-            socket_path = os.path.join(sockets, "gateway.sock")
-            binds = [Bind(os.path.abspath(relay.__file__), f"{RELAY_DIR}/relay.py"),
-                     Bind(sockets, f"{RELAY_DIR}/socket", writable=True),
-                     *(Bind(p, p) for p in self.read_only)]
+        # the relay's script and socket in a folder of their own, read-only inside (a socket on a
+        # read-only mount still takes connections), reachable wherever forge_bridge is installed
+        with tempfile.TemporaryDirectory(prefix="forge-relay-", dir=self.root) as folder:
+            os.chmod(folder, 0o755)
+            shutil.copyfile(relay.__file__, os.path.join(folder, "relay.py"))
+            binds = [Bind(folder, RELAY_DIR), *(Bind(p, p) for p in self.read_only)]
             inside = [python, f"{RELAY_DIR}/relay.py", "--port", str(gateway[1]), "--socket",
-                      f"{RELAY_DIR}/socket/gateway.sock", "--", *argv]
-            with relay.Relay(unix=socket_path, tcp=gateway, on_unix=True):
+                      f"{RELAY_DIR}/gateway.sock", "--", *argv]
+            with relay.Relay(unix=os.path.join(folder, "gateway.sock"), tcp=gateway, on_unix=True):
                 return run_confined(inside, workdir, limits, "bwrap", env=env, binds=binds)
 
 

@@ -4,10 +4,10 @@
 trainer's current episode): for each rollout it serves that episode at its own gateway URL,
 starts the command with `OPENAI_BASE_URL` and `OPENAI_API_KEY` (OpenAI's clients) and
 `ANTHROPIC_BASE_URL` and `ANTHROPIC_API_KEY` (Anthropic's: the same URL without `/v1`) set to
-it (and `{base_url}` in the command line), waits (killing the whole process group at the timeout: the episode is then truncated), and
-takes the reward from the process. The trajectory is exactly the process's model calls, in
-order, with the policy's token ids, because every call goes through the recording protocol
-inside the gateway.
+it (and `{base_url}` in the command line), waits (killing the whole process group at the
+timeout: the episode is then truncated), and takes the reward from the process. The trajectory
+is exactly the process's model calls, in order, with the policy's token ids, because every call
+goes through the recording protocol inside the gateway.
 
 With `sandbox=InSandbox(...)` (`forge_bridge.envs.in_sandbox`) the command is an agent harness
 (Codex, Claude Code, OpenClaw: `forge_bridge.serving.harnesses`) run in the terminal
@@ -32,7 +32,7 @@ import os
 import shlex
 import signal
 import subprocess
-from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, cast
 
 from forge_bridge.core.episode import current_episode
 from forge_bridge.core.errors import AgentError, InvalidArgument, InvalidState, WrongType
@@ -83,13 +83,14 @@ class CommandRollout:
 
     def __init__(self, cmd: str | Sequence[str], policy: Policy | None = None, *,
                  gateway: Gateway | None = None, reward: str | Callable[[Any, str], float] = "stdout",
-                 timeout_s: float = 300.0, env: dict[str, str] | None = None, cwd: str | None = None,
+                 timeout_s: float = 300.0, env: Mapping[str, str] | None = None, cwd: str | None = None,
                  sandbox: "InSandbox | None" = None) -> None:
         """`cmd`: a command line (split like a shell does, never run by one) or an argument
         list; `{task_json}`, `{episode_id}`, `{prompt}` (the task's) and `{base_url}` (the
-        episode's URL) in it are filled in per rollout. Give the policy (a gateway is started on 127.0.0.1 for it) or a running
-        `gateway`. `sandbox`: run it in the terminal's sandbox, rewarded by the task's checker
-        (above), within `timeout_s` (its limits' own timeout does not apply)."""
+        episode's URL) in it are filled in per rollout. Give the policy (a gateway is started
+        on 127.0.0.1 for it) or a running `gateway`. `sandbox`: run it in the terminal's
+        sandbox, rewarded by the task's checker (above), within `timeout_s` (its limits' own
+        timeout does not apply)."""
         if isinstance(cmd, str):
             cmd = shlex.split(cmd)
         if not cmd or not all(isinstance(a, str) for a in cmd):
@@ -161,8 +162,9 @@ class CommandRollout:
             ep.truncate(f"the agent process ran past its {self.timeout_s:g} s timeout")
             return 0.0
         if run.reward is None:
-            raise AgentError(f"the agent process exited with code {result.exit_code}"
-                             f"{f' ({result.limit_hit} limit)' if result.limit_hit else ''}: {result.stderr.strip()[-500:]}")
+            limit = f" ({result.limit_hit} limit)" if result.limit_hit else ""
+            raise AgentError(f"the agent process exited with code {result.exit_code}{limit}: "
+                             f"{result.stderr.strip()[-500:]}")
         return run.reward
 
     def _reward(self, task: Any, code: int, stdout: str, stderr: str, posted: float | None) -> float:

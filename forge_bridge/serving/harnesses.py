@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Mapping
 
 from forge_bridge.core.errors import InvalidArgument
@@ -44,8 +45,8 @@ class Harness:
         if self.api not in ("responses", "messages", "chat"):
             raise InvalidArgument(f"Harness.api: expected responses, messages or chat, got {self.api!r}")
         object.__setattr__(self, "argv", tuple(self.argv))
-        object.__setattr__(self, "env", dict(self.env))
-        object.__setattr__(self, "files", dict(self.files))
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))  # read-only, as the rest
+        object.__setattr__(self, "files", MappingProxyType(dict(self.files)))
 
 
 def codex(model: str = MODEL, wire_api: str = "responses") -> Harness:
@@ -80,10 +81,10 @@ def openclaw(config_path: str, model: str = MODEL) -> Harness:
                     "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
                     "contextWindow": 32768, "maxTokens": 1024}]}}},
         "agents": {"defaults": {"model": {"primary": f"forge/{model}"}}},
-        "update": {"checkOnStart": False}}
+        "update": {"checkOnStart": False}, "telemetry": {"enabled": False}}
     return Harness("openclaw", "chat", (
         "openclaw", "agent", "exec", "{prompt}", "--config", config_path, "--cwd", "/work", "--model",
-        f"forge/{model}"), env={"OPENCLAW_NO_UPDATE_CHECK": "1"},
+        f"forge/{model}"), env={"OPENCLAW_NO_AUTO_UPDATE": "1"},
         files={"openclaw.json": json.dumps(config, indent=2)})
 
 
