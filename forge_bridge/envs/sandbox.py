@@ -30,7 +30,9 @@ import shutil
 import subprocess
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from forge_bridge.core.errors import InvalidArgument, SandboxUnavailable
 
@@ -56,6 +58,25 @@ UNSANDBOXED_EXPOSURE = (
     "folder, the store, the adapters; anything that user can write, they can change), its "
     "processes, and the network unless unshare -n is permitted; only the time, CPU, memory, "
     "file-size and output limits apply")
+
+
+@dataclass(frozen=True)
+class Bind:
+    """A host path seen inside the sandbox at `inside` (read-only unless `writable`)."""
+
+    host: str
+    inside: str
+    writable: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("host", "inside"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.startswith("/"):
+                raise InvalidArgument(f"Bind.{name}: expected an absolute path, got {value!r}")
+        if self.inside == SANDBOX_WORKDIR or self.inside.startswith(SANDBOX_WORKDIR + "/") or self.inside == "/":
+            raise InvalidArgument(f"Bind.inside: {self.inside!r} would hide or enter the working directory")
+        if not os.path.exists(self.host):
+            raise InvalidArgument(f"Bind.host: {self.host} does not exist")
 
 
 def check_sandbox(sandbox: str) -> str:
@@ -127,7 +148,7 @@ def _tasks_of(uid: int) -> int:
     return count
 
 
-def check_reachable(workdir: Path) -> None:
+def check_reachable(workdir: Path, what: str = "working directory") -> None:
     """As root the sandbox is entered as uid 65534, which must be able to reach `workdir` to
     bind it: refuse clearly (before anything runs) when a parent folder is closed to others."""
     if os.geteuid() != 0:
@@ -135,9 +156,9 @@ def check_reachable(workdir: Path) -> None:
     for parent in workdir.parents:
         if not os.stat(parent).st_mode & 0o001:
             raise InvalidArgument(
-                f"working directory {workdir}: the sandbox user (uid {SANDBOX_UID}) cannot reach it, {parent} "
-                f"is closed to other users; keep working directories under a folder others may traverse "
-                f"(the default, the system's temporary folder, is one; or chmod o+x {parent})")
+                f"{what} {workdir}: the sandbox user (uid {SANDBOX_UID}) cannot reach it, {parent} "
+                f"is closed to other users; keep it under a folder others may traverse "
+                f"(the system's temporary folder is one; or chmod o+x {parent})")
 
 
 def hand_over(path: Path, recursive: bool = True) -> None:
@@ -159,8 +180,9 @@ def command_environment(home: str = SANDBOX_WORKDIR, tmp: str = "/tmp") -> dict[
             "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
-def bwrap_argv(workdir: Path, *, network: bool, tmp_mb: int) -> list[str]:
-    """The `bwrap ... --` prefix that runs a command in `workdir`, bound at /work."""
+def bwrap_argv(workdir: Path, *, network: bool, tmp_mb: int, binds: Sequence[Bind] = ()) -> list[str]:
+    """The `bwrap ... --` prefix that runs a command in `workdir`, bound at /work, with `binds`
+    (host folders the command needs: a program's install, read-only; a socket's folder)."""
     argv = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", "sandbox",
@@ -179,8 +201,10 @@ def bwrap_argv(workdir: Path, *, network: bool, tmp_mb: int) -> list[str]:
     for name in _SYNTHETIC_ETC:
         argv += ["--ro-bind", str(synthetic / name), f"/etc/{name}"]
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", "/tmp",
-             "--bind", str(workdir), SANDBOX_WORKDIR, "--remount-ro", "/", "--chdir", SANDBOX_WORKDIR, "--"]
-    return argv
+             "--bind", str(workdir), SANDBOX_WORKDIR]
+    for bind in binds:
+        argv += ["--bind" if bind.writable else "--ro-bind", str(bind.host), bind.inside]
+    return argv + ["--remount-ro", "/", "--chdir", SANDBOX_WORKDIR, "--"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -194,5 +218,5 @@ def _synthetic_etc() -> Path:
     return folder
 
 
-__all__ = ["SANDBOXES", "SANDBOX_WORKDIR", "bwrap_argv", "bwrap_problem", "check_reachable", "hand_over",
+__all__ = ["SANDBOXES", "SANDBOX_WORKDIR", "Bind", "bwrap_argv", "bwrap_problem", "check_reachable", "hand_over",
            "require_sandbox"]

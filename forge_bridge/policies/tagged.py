@@ -29,7 +29,9 @@ TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 
 
 def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
+    """Letters and digits only: some clients rewrite an id to those before sending its result back
+    (OpenClaw drops the `_` of `call_...`), which would leave the result matching no call."""
+    return "call" + uuid.uuid4().hex[:24]
 
 
 def parse_call(body: str, names: Collection[str] | None = None) -> ToolCall:

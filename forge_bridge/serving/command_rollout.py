@@ -2,10 +2,19 @@
 
 `CommandRollout(cmd, policy)` is a rollout function (`task -> reward`, recording into the
 trainer's current episode): for each rollout it serves that episode at its own gateway URL,
-starts the command with `OPENAI_BASE_URL` (and `OPENAI_API_KEY`) set to it, waits (killing the
-whole process group at the timeout: the episode is then truncated), and takes the reward from
-the process. The trajectory is exactly the process's model calls, in order, with the policy's
-token ids, because every call goes through the recording protocol inside the gateway.
+starts the command with `OPENAI_BASE_URL` and `OPENAI_API_KEY` (OpenAI's clients) and
+`ANTHROPIC_BASE_URL` and `ANTHROPIC_API_KEY` (Anthropic's: the same URL without `/v1`) set to
+it (and `{base_url}` in the command line), waits (killing the whole process group at the
+timeout: the episode is then truncated), and takes the reward from the process. The trajectory
+is exactly the process's model calls, in order, with the policy's token ids, because every call
+goes through the recording protocol inside the gateway.
+
+With `sandbox=InSandbox(...)` (`forge_bridge.envs.in_sandbox`) the command is an agent harness
+(Codex, Claude Code, OpenClaw: `forge_bridge.serving.harnesses`) run in the terminal
+environment's sandbox, the gateway its only reachable address; the task is a `ToolTask`, its
+`setup` writes the working directory's files, `{prompt}` in the command is its prompt, and the
+reward is its `check(answer, terminal)` over the files the harness left (the answer: what it
+printed). Its environment is only `env`, the gateway's URLs and token, not the trainer's.
 
 The reward, by `reward=`:
 - `"stdout"` (default): the last line of standard output that is a JSON object with a
@@ -23,12 +32,15 @@ import os
 import shlex
 import signal
 import subprocess
-from typing import Any, Callable, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, cast
 
 from forge_bridge.core.episode import current_episode
 from forge_bridge.core.errors import AgentError, InvalidArgument, InvalidState, WrongType
 from forge_bridge.policies.base import Policy
 from forge_bridge.serving.gateway import Gateway
+
+if TYPE_CHECKING:
+    from forge_bridge.envs.in_sandbox import InSandbox
 
 
 def _reward_line(stdout: str) -> float | None:
@@ -44,15 +56,41 @@ def _reward_line(stdout: str) -> float | None:
     return None
 
 
+def _filled(arg: str, fill: dict[str, str]) -> str:
+    """`arg` with each placeholder replaced in one pass (a prompt that contains `{episode_id}`
+    stays as written)."""
+    out, i = [], 0
+    while i < len(arg):
+        for key, value in fill.items():
+            if arg.startswith(key, i):
+                out.append(value)
+                i += len(key)
+                break
+        else:
+            out.append(arg[i])
+            i += 1
+    return "".join(out)
+
+
+def _prompt(task: Any) -> str:
+    """A task's prompt: a `ToolTask`'s, or a mapping's "prompt" (else empty)."""
+    prompt = task.get("prompt") if isinstance(task, dict) else getattr(task, "prompt", None)
+    return prompt if isinstance(prompt, str) else ""
+
+
 class CommandRollout:
     """`trainer.train(CommandRollout("python my_agent.py {task_json}", policy), tasks, ...)`"""
 
     def __init__(self, cmd: str | Sequence[str], policy: Policy | None = None, *,
                  gateway: Gateway | None = None, reward: str | Callable[[Any, str], float] = "stdout",
-                 timeout_s: float = 300.0, env: dict[str, str] | None = None, cwd: str | None = None) -> None:
+                 timeout_s: float = 300.0, env: Mapping[str, str] | None = None, cwd: str | None = None,
+                 sandbox: "InSandbox | None" = None) -> None:
         """`cmd`: a command line (split like a shell does, never run by one) or an argument
-        list; `{task_json}` and `{episode_id}` in it are filled in per rollout. Give the policy
-        (a gateway is started on 127.0.0.1 for it) or a running `gateway`."""
+        list; `{task_json}`, `{episode_id}`, `{prompt}` (the task's) and `{base_url}` (the
+        episode's URL) in it are filled in per rollout. Give the policy (a gateway is started
+        on 127.0.0.1 for it) or a running `gateway`. `sandbox`: run it in the terminal's
+        sandbox, rewarded by the task's checker (above), within `timeout_s` (its limits' own
+        timeout does not apply)."""
         if isinstance(cmd, str):
             cmd = shlex.split(cmd)
         if not cmd or not all(isinstance(a, str) for a in cmd):
@@ -65,7 +103,11 @@ class CommandRollout:
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
             raise InvalidArgument(f"timeout_s: expected a number > 0, got {timeout_s!r}")
         self.cmd, self.reward, self.timeout_s = list(cmd), reward, float(timeout_s)
-        self.env, self.cwd = dict(env or {}), cwd
+        self.env, self.cwd, self.sandbox = dict(env or {}), cwd, sandbox
+        if sandbox is not None and cwd is not None:
+            raise InvalidArgument("cwd: a sandboxed command runs in its episode's working directory (/work)")
+        if sandbox is not None and reward != "stdout":
+            raise InvalidArgument("reward: a sandboxed command is rewarded by its task's check(answer, terminal)")
         self._own_gateway = gateway is None
         self.gateway = gateway or Gateway(cast(Policy, policy))  # given when no gateway is: checked above
         if self._own_gateway:
@@ -87,10 +129,19 @@ class CommandRollout:
             raise InvalidState("CommandRollout(task) records into the current episode: call it inside "
                                "`with fb.episode(...)` or a trainer")
         task_json = json.dumps(task, default=str)
-        argv = [a.replace("{task_json}", task_json).replace("{episode_id}", ep.id) for a in self.cmd]
-        env = {**os.environ, **self.env, "OPENAI_BASE_URL": self.gateway.episode_url(ep.id),
-               "OPENAI_API_KEY": self.gateway.token or "forge-bridge", "FORGE_TASK": task_json}
+        url, token = self.gateway.episode_url(ep.id), self.gateway.token or "forge-bridge"
+        fill = {"{task_json}": task_json, "{episode_id}": ep.id, "{prompt}": _prompt(task), "{base_url}": url}
+        argv = [_filled(a, fill) for a in self.cmd]
+        given = {**self.env, "OPENAI_BASE_URL": url, "OPENAI_API_KEY": token,
+                 "ANTHROPIC_BASE_URL": url.removesuffix("/v1"), "ANTHROPIC_API_KEY": token, "FORGE_TASK": task_json}
         self.gateway.attach(ep)
+        if self.sandbox is not None:
+            try:
+                run = self.sandbox.run(task, argv, given, (self.gateway.host, self.gateway.port), self.timeout_s)
+            finally:
+                self.gateway.release(ep.id)
+            return self._sandboxed(ep, run)
+        env = {**os.environ, **given}
         try:
             proc = subprocess.Popen(argv, env=env, cwd=self.cwd, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -104,6 +155,17 @@ class CommandRollout:
         finally:
             self.gateway.release(ep.id)
         return self._reward(task, proc.returncode, stdout, stderr, ep.trajectory.reward)
+
+    def _sandboxed(self, ep: Any, run: Any) -> float:
+        result = run.result
+        if result.timed_out:
+            ep.truncate(f"the agent process ran past its {self.timeout_s:g} s timeout")
+            return 0.0
+        if run.reward is None:
+            limit = f" ({result.limit_hit} limit)" if result.limit_hit else ""
+            raise AgentError(f"the agent process exited with code {result.exit_code}{limit}: "
+                             f"{result.stderr.strip()[-500:]}")
+        return run.reward
 
     def _reward(self, task: Any, code: int, stdout: str, stderr: str, posted: float | None) -> float:
         if self.reward == "exit_code":

@@ -247,6 +247,13 @@ class Gateway:
         out = await self.call(call, episode_id, headers)
         return messages_api.message(out, self._model(call.model, out), tokens=self.behaviour != "upstream"), stream
 
+    def count_tokens(self, body: Any) -> dict:
+        """Anthropic's `count_tokens`: the request's prompt tokens, in the policy's tokenizer."""
+        from forge_bridge.serving import messages_api
+
+        call, _ = messages_api.parse(body, counting=True)
+        return {"input_tokens": messages_api.count_tokens(call, self.policy.tokenize)}
+
     def _model(self, asked: str | None, out: PolicyOutput) -> str:
         """The model a reply names: the upstream's own, else the one asked for, else the gateway's."""
         return (self.behaviour == "upstream" and out.info.get("upstream")) or asked or self.model_name

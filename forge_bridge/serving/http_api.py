@@ -273,8 +273,14 @@ def model_calls(gateway: "Gateway") -> dict[str, Callable]:
         reply, stream = await gateway.message(await read_json(gateway, request), episode_of(request), request.headers)
         return sse(messages_api.events(reply)) if stream else JSONResponse(reply)
 
+    async def count_tokens(request: Request):
+        authorize(gateway, request)
+        episode_of(request)  # a malformed episode id is refused here too
+        return JSONResponse(gateway.count_tokens(await read_json(gateway, request)))
+
     return {"/chat/completions": handled(chat), "/responses": handled(responses),
-            "/messages": handled(messages, anthropic_error)}
+            "/messages": handled(messages, anthropic_error),
+            "/messages/count_tokens": handled(count_tokens, anthropic_error)}
 
 
 __all__ = ["MAX_BODY", "ChatCall", "RequestRefused", "anthropic_error", "build_app", "chat_call", "check_feedback",

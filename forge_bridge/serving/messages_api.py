@@ -7,6 +7,8 @@ turn's `tool_result` blocks `tool` messages (in their order, first), its `text` 
 message after them. Tools (`name`, `input_schema`) become chat function tools. The reply is a
 `message` (a `text` block, then a `tool_use` block per call; `stop_reason` `tool_use`,
 `max_tokens` or `end_turn`) or, streamed, its events from `message_start` to `message_stop`.
+`POST /v1/messages/count_tokens` (Claude Code asks it) parses the same request and answers the
+prompt's token count in the policy's tokenizer; it calls no model and records nothing.
 With the policy's own tokens it carries them as extra fields (`prompt_token_ids`, `token_ids`,
 `logprobs`), as the chat route does.
 
@@ -20,38 +22,45 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+from forge_bridge.core.errors import Unsupported
 from forge_bridge.policies.base import PolicyOutput
 from forge_bridge.serving.http_api import ChatCall, RequestRefused, check_fields, expect
 
-IGNORED = {"metadata", "service_tier", "stop_sequences", "thinking", "tool_choice", "top_k"}
+IGNORED = {"context_management", "metadata", "output_config", "service_tier", "stop_sequences", "thinking",
+           "tool_choice", "top_k"}
 """Fields a client may send that change nothing here (checked for their type)."""
 USED = {"model", "max_tokens", "messages", "system", "tools", "temperature", "top_p", "stream"}
+COUNTED = {"model", "messages", "system", "tools", "tool_choice", "thinking", "context_management", "output_config"}
+"""The fields of a `count_tokens` request."""
 NOT_TEXT = {"image": "images", "document": "documents", "search_result": "search results"}
 STOP = {"tool_calls": "tool_use", "length": "max_tokens"}
 """Chat finish reasons as Messages stop reasons (any other: end_turn)."""
 
 
-def parse(body: Any) -> tuple[ChatCall, bool]:
+def parse(body: Any, *, counting: bool = False) -> tuple[ChatCall, bool]:
     """A Messages request as the call it asks for and whether it streams, or a 400 naming what
-    is wrong with it."""
+    is wrong with it. `counting`: a `count_tokens` request (no `max_tokens`, sampling or stream)."""
     if not isinstance(body, dict):
         raise RequestRefused(400, "the body must be a JSON object")
-    check_fields(body, USED | IGNORED)
-    for name, kinds, what in (("model", str, "a string"), ("max_tokens", int, "an integer"),
-                              ("messages", list, "a non-empty list of messages")):
+    check_fields(body, COUNTED if counting else USED | IGNORED)
+    required: list[tuple[str, type, str]] = [("model", str, "a string"), ("messages", list, "a non-empty list of messages")]
+    if not counting:
+        required.append(("max_tokens", int, "an integer"))
+    for name, kinds, what in required:
         if name not in body:
             raise RequestRefused(400, f"{name}: required")
         expect(body[name], kinds, name, what)
-    if body["max_tokens"] < 1:
+    if not counting and body["max_tokens"] < 1:
         raise RequestRefused(400, f"max_tokens: expected an integer >= 1, got {body['max_tokens']}")
-    sampling = {"max_tokens": body["max_tokens"]}
+    sampling = {"max_tokens": body.get("max_tokens", 1)}
     for name in ("temperature", "top_p"):
         if body.get(name) is not None:
             sampling[name] = expect(body[name], (int, float), name, "a number")
     _check_ignored(body)
-    tools = [_tool(t, f"tools[{i}]") for i, t in enumerate(expect(body.get("tools") or [], list, "tools", "a list"))]
+    listed = [_tool(t, f"tools[{i}]") for i, t in enumerate(expect(body.get("tools") or [], list, "tools", "a list"))]
+    tools = [t for t in listed if t is not None]
     messages = [*_system(body.get("system")), *_messages(body["messages"])]
     stream = body.get("stream")
     return (ChatCall(messages, tools or None, sampling, body["model"], "messages"),
@@ -60,6 +69,7 @@ def parse(body: Any) -> tuple[ChatCall, bool]:
 
 def _check_ignored(body: dict) -> None:
     for name, kinds, what in (("metadata", dict, "an object"), ("thinking", dict, "an object"),
+                              ("context_management", dict, "an object"), ("output_config", dict, "an object"),
                               ("tool_choice", dict, "an object"), ("top_k", int, "an integer"),
                               ("stop_sequences", list, "a list of strings"), ("service_tier", str, "a string")):
         if body.get(name) is not None:
@@ -79,17 +89,25 @@ def _system(system: Any) -> list[dict]:
     return [{"role": "system", "content": text}] if text else []
 
 
-def _tool(tool: Any, where: str) -> dict:
+def _tool(tool: Any, where: str) -> dict | None:
+    """A custom tool as a chat function tool; None for one with `defer_loading` (the API keeps it
+    out of the model's context until a tool search loads it)."""
     expect(tool, dict, where, "a tool object")
     if tool.get("type") not in (None, "custom"):
         raise RequestRefused(400, f"{where}.type: only custom tools (name, input_schema) are served here, "
                                   f"got {tool.get('type')!r}")
-    check_fields(tool, {"type", "name", "description", "input_schema", "cache_control", "strict"}, where)
+    check_fields(tool, {"type", "name", "description", "input_schema", "cache_control", "strict", "defer_loading",
+                        "eager_input_streaming", "input_examples", "allowed_callers"}, where)
+    for name, kinds, what in (("defer_loading", bool, "true or false"), ("eager_input_streaming", bool, "true or false"),
+                              ("strict", bool, "true or false"), ("input_examples", list, "a list"),
+                              ("allowed_callers", list, "a list")):
+        if tool.get(name) is not None:
+            expect(tool[name], kinds, f"{where}.{name}", what)
     function = {"name": expect(tool.get("name"), str, f"{where}.name", "a string")}
     if tool.get("description") is not None:
         function["description"] = expect(tool["description"], str, f"{where}.description", "a string")
     function["parameters"] = expect(tool.get("input_schema"), dict, f"{where}.input_schema", "a JSON schema object")
-    return {"type": "function", "function": function}
+    return None if tool.get("defer_loading") else {"type": "function", "function": function}
 
 
 def _messages(messages: list) -> list[dict]:
@@ -101,8 +119,8 @@ def _messages(messages: list) -> list[dict]:
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         role = expect(m, dict, where, "a message object").get("role")
-        if role not in ("user", "assistant"):
-            raise RequestRefused(400, f"{where}.role: expected user or assistant, got {role!r}")
+        if role not in ("user", "assistant", "system"):
+            raise RequestRefused(400, f"{where}.role: expected user, assistant or system, got {role!r}")
         check_fields(m, {"role", "content"}, where)
         content = m.get("content")
         if isinstance(content, str):
@@ -111,7 +129,11 @@ def _messages(messages: list) -> list[dict]:
         blocks = expect(content, list, f"{where}.content", "a string or a list of content blocks")
         if not blocks:
             raise RequestRefused(400, f"{where}.content: expected a string or a non-empty list of content blocks")
-        out += _assistant(blocks, where, made) if role == "assistant" else _user(blocks, where, made)
+        if role == "system":  # a system turn mid-conversation (Claude Code's): text only, where it stands
+            out.append({"role": "system", "content": "".join(_text(b, f"{where}.content[{j}]")
+                                                             for j, b in enumerate(blocks))})
+        else:
+            out += _assistant(blocks, where, made) if role == "assistant" else _user(blocks, where, made)
     return out
 
 
@@ -163,6 +185,20 @@ def _text(block: Any, where: str) -> str:
         raise RequestRefused(400, f"{where}.type: unknown content block type {kind!r} here (served: text, tool_use, "
                                   "tool_result, thinking)")
     return expect(block.get("text"), str, f"{where}.text", "a string")
+
+
+def count_tokens(call: ChatCall, tokenize: Callable[[str], list[int]]) -> int:
+    """The prompt's tokens as `POST /v1/messages/count_tokens` reports them (`input_tokens`):
+    the policy's tokenizer over the messages' text and the tools' JSON, without a chat
+    template's markup (Anthropic's own count is an estimate too); a quarter of the characters
+    where the policy does not tokenize."""
+    text = "\n".join([*(str(m.get("content") or "") for m in call.messages),
+                      *(json.dumps(tc.get("function", {})) for m in call.messages for tc in m.get("tool_calls") or []),
+                      *(json.dumps(t["function"]) for t in call.tools or [])])
+    try:
+        return len(tokenize(text))
+    except Unsupported:
+        return (len(text) + 3) // 4
 
 
 # ----------------------------------------------------------------------------- the reply
@@ -219,4 +255,4 @@ def events(reply: dict) -> Iterator[str]:
     yield event("message_stop")
 
 
-__all__ = ["events", "message", "parse"]
+__all__ = ["count_tokens", "events", "message", "parse"]

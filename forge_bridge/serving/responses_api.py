@@ -28,7 +28,7 @@ from typing import Any, Iterator
 from forge_bridge.policies.base import PolicyOutput
 from forge_bridge.serving.http_api import ChatCall, RequestRefused, check_fields, expect
 
-IGNORED = {"include", "metadata", "parallel_tool_calls", "prompt_cache_key", "prompt_cache_retention",
+IGNORED = {"client_metadata", "include", "metadata", "parallel_tool_calls", "prompt_cache_key", "prompt_cache_retention",
            "prompt_cache_options", "reasoning", "safety_identifier", "service_tier", "stream_options",
            "top_logprobs", "truncation", "user", "max_tool_calls", "tool_choice", "text"}
 """Fields a client may send that change nothing here (checked for their type where it matters)."""

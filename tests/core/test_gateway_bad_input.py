@@ -61,7 +61,7 @@ BAD = [  # (api, body, the words the 4xx names)
     ("messages", {"model": "forge", "messages": HI}, "max_tokens: required"),
     ("messages", {"model": "forge", "max_tokens": "8", "messages": HI}, "max_tokens: expected an integer"),
     ("messages", {"model": "forge", "max_tokens": 8, "messages": []}, "messages: expected a non-empty list"),
-    ("messages", {"model": "forge", "max_tokens": 8, "messages": [{"role": "system", "content": "x"}]},
+    ("messages", {"model": "forge", "max_tokens": 8, "messages": [{"role": "tool", "content": "x"}]},
      "messages[0].role"),
     ("messages", {"model": "forge", "max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "hologram"}]}]},
      "messages[0].content[0].type: unknown content block type"),

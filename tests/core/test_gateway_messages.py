@@ -112,3 +112,41 @@ def test_errors_are_anthropic_shaped_and_the_key_is_the_token(gateway, recorder)
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}])
     assert refused.value.body["type"] == "error" and refused.value.body["error"]["type"] == "invalid_request_error"
     assert recorder.store.count() == 0
+
+
+def test_count_tokens_counts_in_the_policys_tokenizer_and_records_nothing(gateway, recorder):
+    # Claude Code asks it to size its context; it is no model call
+    c = client(gateway, "m-count")
+    short = c.messages.count_tokens(model="forge", messages=ASK)
+    longer = c.messages.count_tokens(model="forge", messages=ASK, system="Use the tools.", tools=[ADD])
+    beta = c.beta.messages.count_tokens(model="forge", messages=ASK, system="Use the tools.", tools=[ADD])
+    tokenizer = tiny_tokenizer()
+    assert short.input_tokens == len(tokenizer.encode(ASK[0]["content"], add_special_tokens=False))
+    assert longer.input_tokens > short.input_tokens and beta.input_tokens == longer.input_tokens
+    with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\]\.content\[0\]\.type: images"):
+        c.messages.count_tokens(model="forge", messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}])
+    with pytest.raises(anthropic.BadRequestError, match="unknown field max_tokens"):
+        c.post("/v1/messages/count_tokens", cast_to=object, body={"model": "forge", "messages": ASK, "max_tokens": 5})
+    with pytest.raises(anthropic.AuthenticationError):
+        client(gateway, "m-count", key="wrong").messages.count_tokens(model="forge", messages=ASK)
+    assert recorder.store.trajectories(run_id="messages") == []
+
+
+def test_what_claude_code_sends_is_served_system_turns_and_deferred_tools_included(gateway, recorder):
+    c = client(gateway, "m-cc")
+    deferred = {**ADD, "name": "later", "defer_loading": True}
+    body = {"model": "forge", "max_tokens": 64, "messages": [*ASK, {"role": "system", "content": [
+        {"type": "text", "text": "The working directory is /work.", "cache_control": {"type": "ephemeral"}}]}],
+        "tools": [{**ADD, "eager_input_streaming": True}, deferred], "thinking": {"type": "adaptive"},
+        "output_config": {"effort": "high"}, "context_management": {"edits": []}}
+    reply = c.post("/v1/messages", cast_to=object, body=body)
+    assert reply["content"][0]["name"] == "add"
+    (step,) = recorder.store.get("m-cc").transitions
+    assert [m["role"] for m in step.observation.messages] == ["user", "system"]
+    assert [t["function"]["name"] for t in step.observation.tools] == ["add"]  # the deferred tool is not offered
+    for field, value, refusal in (("output_config", "high", "output_config: expected an object"),
+                                  ("tools", [{**ADD, "defer_loading": "yes"}], r"tools\[0\]\.defer_loading")):
+        with pytest.raises(anthropic.BadRequestError, match=refusal):
+            c.post("/v1/messages", cast_to=object, body={**body, field: value})
+    assert len(recorder.store.get("m-cc").transitions) == 1

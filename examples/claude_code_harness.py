@@ -1,0 +1,87 @@
+"""Claude Code itself (`claude -p`), trained as it is: forge-bridge's policy answers its Messages API
+calls, and the task's checker reads the files it leaves.
+
+Each rollout runs the real CLI (`@anthropic-ai/claude-code`, pinned in harnesses/; `make harnesses`)
+in the terminal's bubblewrap sandbox: a fresh working directory at /work with the task's files, the
+system read-only, no network but the gateway (`ANTHROPIC_BASE_URL` is the episode's URL). Its
+tool calls (Bash, Write, Edit) run there; every model call is recorded with the policy's tokens.
+
+    .venv/bin/python examples/claude_code_harness.py                  # a scripted expert answers
+    .venv/bin/python examples/claude_code_harness.py --model qwen2.5-coder-0.5b-instruct --train 2
+
+The scripted expert (the default) makes the one Bash call the task needs: it shows the plumbing
+in seconds. With `--model` the embedded model answers; Claude Code's prompt is long (about 11,600
+tokens), so on a CPU each call takes a while.
+"""
+
+import argparse
+import shutil
+from pathlib import Path
+
+import forge_bridge as fb
+from forge_bridge.envs.in_sandbox import InSandbox
+from forge_bridge.envs.terminal import TerminalEnvironment
+from forge_bridge.envs.tool import ToolTask
+from forge_bridge.serving import harnesses
+from forge_bridge.serving.command_rollout import CommandRollout
+
+INSTALL = Path(__file__).resolve().parents[1] / "harnesses" / "node_modules"
+
+
+def sum_is_12(answer: str, terminal: TerminalEnvironment) -> bool:
+    return terminal.inside("total.txt").is_file() and terminal.read_file("total.txt").strip() == "12"
+
+
+TASK = ToolTask("sum", "Write the sum of the numbers in numbers.txt to total.txt.", sum_is_12,
+                setup=lambda terminal: terminal.write_file("numbers.txt", "3\n4\n5\n"))
+
+
+def expert(messages: list[dict], tools: list[dict] | None):
+    """What a good model does here: one Bash call, then a short answer."""
+    if any(m["role"] == "tool" for m in messages):
+        return "total.txt holds the sum."
+    return {"tool": "Bash", "args": {"command": "awk '{s += $1} END {print s}' numbers.txt > total.txt"}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="an embedded model to answer instead of the scripted expert")
+    parser.add_argument("--train", type=int, default=0, metavar="N", help="GRPO iterations (with --model)")
+    parser.add_argument("--repeat", type=int, default=1, help="episodes to record")
+    args = parser.parse_args()
+    if shutil.which("claude") is None and not (INSTALL / ".bin" / "claude").exists():
+        raise SystemExit("Claude Code is not installed: make harnesses (or npm install -g @anthropic-ai/claude-code)")
+
+    if args.model:
+        policy: fb.Policy = fb.LocalPolicy(args.model)
+    else:
+        from forge_bridge.policies.models import tiny_tokenizer
+        from forge_bridge.policies.scripted import ScriptedPolicy
+
+        policy = ScriptedPolicy(expert, tiny_tokenizer())
+    claude = harnesses.claude_code()
+    sandbox = InSandbox(read_only=(str(INSTALL),), path=(str(INSTALL / ".bin"),)) if INSTALL.exists() else InSandbox()
+    recorder = fb.Recorder("runs/examples/harnesses.db", run_id="claude-code-example")
+    with CommandRollout(list(claude.argv), policy, env=claude.env, sandbox=sandbox, timeout_s=600) as rollout:
+        for _ in range(args.repeat):
+            with fb.episode(TASK.id, recorder=recorder) as ep:
+                reward = rollout(TASK)  # what the task's check gave (a trainer records it itself)
+                ep.reward(reward)
+            traj = ep.trajectory
+            print(f"[{TASK.id}] reward={reward} status={traj.status} steps={len(traj)}")
+            for i, step in enumerate(traj):
+                calls = [f"{c.name}({c.arguments})" for c in step.action.tool_calls]
+                print(f"  step {i} ({step.info['api']}): {len(step.completion_token_ids)} tokens, "
+                      f"calls={calls or '-'}, text={step.action.content[:60]!r}")
+        if args.train and args.model:
+            trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(group_size=4, concurrency=1, out_dir="runs/examples/claude",
+                                                           run_name="claude"))
+            for metrics in trainer.train(rollout, [TASK], iterations=args.train):
+                print(f"iteration {metrics['iteration']}: reward {metrics['reward_mean']:.2f}, "
+                      f"published {metrics['version']}")
+            trainer.close()
+    policy.close()
+
+
+if __name__ == "__main__":
+    main()

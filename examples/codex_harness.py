@@ -1,0 +1,88 @@
+"""Codex itself (`codex exec`), trained as it is: forge-bridge's policy answers its Responses API
+calls, and the task's checker reads the files it leaves.
+
+Each rollout runs the real CLI (`@openai/codex`, pinned in harnesses/; `make harnesses`) in the
+terminal's bubblewrap sandbox: a fresh working directory at /work with the task's files, the
+system read-only, no network but the gateway (a custom model provider whose `base_url` is the
+episode's URL; Codex's own sandbox is off, the terminal's confines it). Its tool calls
+(`exec_command`, `write_stdin`) run there; every model call is recorded with the policy's tokens.
+
+    .venv/bin/python examples/codex_harness.py                  # a scripted expert answers
+    .venv/bin/python examples/codex_harness.py --model qwen2.5-coder-0.5b-instruct --train 2
+
+The scripted expert (the default) makes the one `exec_command` call the task needs: it shows the
+plumbing in seconds. With `--model` the embedded model answers; Codex's prompt is long (about
+6,000 tokens), so on a CPU each call takes a while.
+"""
+
+import argparse
+import shutil
+from pathlib import Path
+
+import forge_bridge as fb
+from forge_bridge.envs.in_sandbox import InSandbox
+from forge_bridge.envs.terminal import TerminalEnvironment
+from forge_bridge.envs.tool import ToolTask
+from forge_bridge.serving import harnesses
+from forge_bridge.serving.command_rollout import CommandRollout
+
+INSTALL = Path(__file__).resolve().parents[1] / "harnesses" / "node_modules"
+
+
+def sum_is_12(answer: str, terminal: TerminalEnvironment) -> bool:
+    return terminal.inside("total.txt").is_file() and terminal.read_file("total.txt").strip() == "12"
+
+
+TASK = ToolTask("sum", "Write the sum of the numbers in numbers.txt to total.txt.", sum_is_12,
+                setup=lambda terminal: terminal.write_file("numbers.txt", "3\n4\n5\n"))
+
+
+def expert(messages: list[dict], tools: list[dict] | None):
+    """What a good model does here: one shell call, then a short answer."""
+    if any(m["role"] == "tool" for m in messages):
+        return "total.txt holds the sum."
+    return {"tool": "exec_command", "args": {"cmd": "awk '{s += $1} END {print s}' numbers.txt > total.txt"}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="an embedded model to answer instead of the scripted expert")
+    parser.add_argument("--train", type=int, default=0, metavar="N", help="GRPO iterations (with --model)")
+    parser.add_argument("--repeat", type=int, default=1, help="episodes to record")
+    args = parser.parse_args()
+    if shutil.which("codex") is None and not (INSTALL / ".bin" / "codex").exists():
+        raise SystemExit("Codex is not installed: make harnesses (or npm install -g @openai/codex)")
+
+    if args.model:
+        policy: fb.Policy = fb.LocalPolicy(args.model)
+    else:
+        from forge_bridge.policies.models import tiny_tokenizer
+        from forge_bridge.policies.scripted import ScriptedPolicy
+
+        policy = ScriptedPolicy(expert, tiny_tokenizer())
+    codex = harnesses.codex()
+    sandbox = InSandbox(read_only=(str(INSTALL),), path=(str(INSTALL / ".bin"),)) if INSTALL.exists() else InSandbox()
+    recorder = fb.Recorder("runs/examples/harnesses.db", run_id="codex-example")
+    with CommandRollout(list(codex.argv), policy, env=codex.env, sandbox=sandbox, timeout_s=600) as rollout:
+        for _ in range(args.repeat):
+            with fb.episode(TASK.id, recorder=recorder) as ep:
+                reward = rollout(TASK)  # what the task's check gave (a trainer records it itself)
+                ep.reward(reward)
+            traj = ep.trajectory
+            print(f"[{TASK.id}] reward={reward} status={traj.status} steps={len(traj)}")
+            for i, step in enumerate(traj):
+                calls = [f"{c.name}({c.arguments})" for c in step.action.tool_calls]
+                print(f"  step {i} ({step.info['api']}): {len(step.completion_token_ids)} tokens, "
+                      f"calls={calls or '-'}, text={step.action.content[:60]!r}")
+        if args.train and args.model:
+            trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(group_size=4, concurrency=1, out_dir="runs/examples/codex",
+                                                           run_name="codex"))
+            for metrics in trainer.train(rollout, [TASK], iterations=args.train):
+                print(f"iteration {metrics['iteration']}: reward {metrics['reward_mean']:.2f}, "
+                      f"published {metrics['version']}")
+            trainer.close()
+    policy.close()
+
+
+if __name__ == "__main__":
+    main()
