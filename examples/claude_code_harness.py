@@ -25,7 +25,7 @@ from forge_bridge.envs.tool import ToolTask
 from forge_bridge.serving import harnesses
 from forge_bridge.serving.command_rollout import CommandRollout
 
-INSTALL = Path(__file__).resolve().parents[1] / "harnesses" / "node_modules"
+INSTALL = (Path(__file__).resolve().parents[1] / "harnesses" / "node_modules").resolve()  # may be a link to /opt
 
 
 def sum_is_12(answer: str, terminal: TerminalEnvironment) -> bool:

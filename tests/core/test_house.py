@@ -105,10 +105,10 @@ RETIRED = {
     r"(?<!args)(?<!self)(?<!forge_bridge)\.adapters?\b|\badapter=|[\"']adapter[\"']\s*[:\]]": (
         {str(p.relative_to(ROOT)) for p in SOURCE}
         - {"forge_bridge/core/migrations.py", "forge_bridge/policies/decoding.py", "forge_bridge/policies/local.py",
-           "trainer/run.py"},
+           "forge_bridge/policies/openvino.py", "trainer/run.py"},
         "the version that served a step is its `version` (Transition.version, Trajectory.versions, the store's "
         "version=, metrics['version']); an adapter is the LoRA files (migrations.py reads the old layout; the "
-        "decoder, the embedded policy and the run folder name peft's adapters)"),
+        "decoder, the embedded and OpenVINO policies and the run folder name peft's and OpenVINO's adapters)"),
 }
 """Senses of a word retired for one meaning per word (docs/architecture.md's glossary): pattern ->
 (files it may no longer appear in, what to say instead)."""

@@ -23,7 +23,7 @@ from forge_bridge.serving import harnesses
 from forge_bridge.serving.command_rollout import CommandRollout
 
 ROOT = Path(__file__).resolve().parents[2]
-INSTALL = ROOT / "harnesses" / "node_modules"
+INSTALL = (ROOT / "harnesses" / "node_modules").resolve()  # make harnesses may link it to /opt
 
 pytestmark = [
     pytest.mark.skipif(not (INSTALL / ".installed").exists(), reason="the harnesses are not installed: make harnesses"),
