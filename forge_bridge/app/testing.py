@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from forge_bridge.policies import models
-from forge_bridge.policies.messages import template_messages
+from forge_bridge.policies.messages import prompt_ids
 
 Example = tuple[list[dict], list[dict] | None, str]
 """(messages, tools, reply text the model should produce, without the end-of-turn token)."""
@@ -41,8 +41,7 @@ def _batch(tokenizer: Any, examples: Sequence[Example]) -> tuple[Any, Any]:
 
     rows, masks = [], []
     for messages, tools, reply in examples:
-        prompt = tokenizer.apply_chat_template(template_messages(messages), tools=tools,
-                                               add_generation_prompt=True)["input_ids"]  # as LocalPolicy renders them
+        prompt = prompt_ids(tokenizer, messages, tools)  # as LocalPolicy renders them
         target = tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id]
         rows.append(list(prompt) + target)
         masks.append([0] * len(prompt) + [1] * len(target))

@@ -28,7 +28,7 @@ from forge_bridge.policies.adapter_pool import AdapterPool
 from forge_bridge.policies.base import Policy, PolicyOutput, Sampling
 from forge_bridge.policies.decoding import BASE, Decoder, PrefixCache
 from forge_bridge.policies.device import bf16_supported, resolve_device
-from forge_bridge.policies.messages import normalize_messages, template_messages
+from forge_bridge.policies.messages import normalize_messages, prompt_ids
 from forge_bridge.policies.scoring import completion_logprobs
 from forge_bridge.policies.toolcalls import FORMAT_MARKERS, OPENINGS, check_format, formats, parse
 
@@ -160,9 +160,7 @@ class LocalPolicy(Policy):
     # ------------------------------------------------------------------ calls
     def encode(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """The prompt token ids this policy feeds the model for these messages."""
-        enc = self.tokenizer.apply_chat_template(template_messages(messages), tools=tools or None,
-                                                 add_generation_prompt=True)
-        return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+        return prompt_ids(self.tokenizer, messages, tools)
 
     def _submit(self, messages, tools, sampling: Sampling, adapter: str | None) -> Future:
         if self._closed:

@@ -51,6 +51,13 @@ def template_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
+def prompt_ids(tokenizer: Any, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """The prompt token ids a local model is fed for these messages and tools: its chat template
+    over `template_messages`, ending where the assistant's reply starts."""
+    enc = tokenizer.apply_chat_template(template_messages(messages), tools=tools or None, add_generation_prompt=True)
+    return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+
+
 def _with_object_arguments(call: Any) -> Any:
     function = call.get("function") if isinstance(call, dict) else None
     arguments = function.get("arguments") if isinstance(function, dict) else None

@@ -50,7 +50,7 @@ from forge_bridge.core.errors import (
 )
 from forge_bridge.policies.base import Policy, PolicyOutput, Sampling
 from forge_bridge.policies.local import reply_drop_ids
-from forge_bridge.policies.messages import template_messages
+from forge_bridge.policies.messages import prompt_ids
 from forge_bridge.policies.openvino_ir import WEIGHT_FORMATS
 from forge_bridge.policies.toolcalls import formats, parse
 
@@ -254,9 +254,7 @@ class OpenVINOPolicy(Policy):
     # ------------------------------------------------------------------ calls
     def encode(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """The prompt token ids this policy feeds the model (the same as LocalPolicy's)."""
-        enc = self.tokenizer.apply_chat_template(template_messages(messages), tools=tools or None,
-                                                 add_generation_prompt=True)
-        return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+        return prompt_ids(self.tokenizer, messages, tools)
 
     def _submit(self, messages, tools, sampling: Sampling, adapter: str | None) -> Future:
         if self._closed:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence, Union
 
 from forge_bridge.core.errors import InvalidArgument, Unsupported
 from forge_bridge.policies.base import Policy, PolicyOutput, Sampling
-from forge_bridge.policies.messages import normalize_messages, template_messages
+from forge_bridge.policies.messages import normalize_messages, prompt_ids
 from forge_bridge.policies.toolcalls import formats, parse, render_calls
 
 Step = Union[str, Mapping[str, Any], Sequence[Mapping[str, Any]]]
@@ -60,8 +60,7 @@ def rendered(tokenizer: Any, tool_format: str, messages: list[dict], tools: list
     tool-call format, then its end-of-turn token (cut at `max_tokens`, as a model hitting the
     limit is; `cut`: the writer hit its own limit there, so no end-of-turn token either).
     Normalized `messages` in; the output's log-probabilities are 0 (not sampled)."""
-    prompt = tokenizer.apply_chat_template(template_messages(messages), tools=tools or None, add_generation_prompt=True)
-    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    prompt = prompt_ids(tokenizer, messages, tools)
     text = render_calls(content, calls, tool_format)
     ids = tokenizer.encode(text, add_special_tokens=False)
     ended = len(ids) < max_tokens and not cut  # room for the end-of-turn token too
