@@ -110,14 +110,14 @@ def test_the_harness_does_a_task_in_the_sandbox_through_the_gateway(name, tmp_pa
     assert not (Path(os.getcwd()) / "total.txt").exists()
 
 
-@pytest.mark.parametrize("example, api, tool", [("codex_harness", "responses", "exec_command"),
-                                               ("claude_code_harness", "messages", "Bash"),
-                                               ("openclaw_harness", "chat", "exec")])
-def test_the_harness_example_runs_as_written(example, api, tool, tmp_path):
+@pytest.mark.parametrize("harness, api, tool", [("codex", "responses", "exec_command"),
+                                               ("claude-code", "messages", "Bash"),
+                                               ("openclaw", "chat", "exec")])
+def test_the_harness_example_runs_as_written(harness, api, tool, tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / f"{example}.py")], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "harness_cli.py"), "--harness", harness], cwd=tmp_path,
                           capture_output=True, text=True, timeout=600, env={**os.environ})
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
