@@ -15,6 +15,11 @@
 
     .venv/bin/python bench/merge.py [--models smollm2-135m-instruct qwen2.5-coder-0.5b-instruct]
                                     [--episodes 4] [--repeats 3]
+    .venv/bin/python bench/merge.py --sampled --models qwen2.5-coder-0.5b-instruct   # the model's own replies
+
+With `--sampled` the model itself answers (`LocalPolicy`, temperature 1), in whatever format it
+writes its calls, so (1) gives the share on its own episodes, however long they run; no update
+is timed.
 """
 
 from __future__ import annotations
@@ -182,6 +187,7 @@ def main() -> None:
                         help="LangChain episodes in the timed update, per model (the last repeats)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--microbatch", type=int, default=8)
+    parser.add_argument("--sampled", action="store_true", help="the model answers, sampled: the share only")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -191,14 +197,15 @@ def main() -> None:
 
     results: dict = {}
     for m, model_name in enumerate(args.models):
-        tokenizer = models.load_tokenizer(model_name)
-        policy = ScriptedPolicy(script, tokenizer)
+        policy: fb.Policy = fb.LocalPolicy(model_name) if args.sampled else ScriptedPolicy(
+            script, models.load_tokenizer(model_name))
         results[model_name] = {"front_ends": {}}
         with tempfile.TemporaryDirectory() as tmp:
             recorder = fb.Recorder(Path(tmp) / "t.db", run_id="merge")
             for front_end, run in FRONT_ENDS.items():
                 before = {t.id for t in recorder.store.trajectories()}
-                run(policy, recorder, args.episodes)
+                with fb.sampling(temperature=1.0 if args.sampled else 0.0):
+                    run(policy, recorder, args.episodes)
                 trajs = [t for t in recorder.store.trajectories() if t.id not in before and len(t)]
                 share, calls, n = shares(trajs)
                 results[model_name]["front_ends"][front_end] = {"merge_share": share, "calls": calls, "trajectories": n}
@@ -206,6 +213,9 @@ def main() -> None:
                       flush=True)
                 if front_end == "langchain":
                     langchain = trajs
+            policy.close()
+            if args.sampled:
+                continue
             k = args.update_episodes[min(m, len(args.update_episodes) - 1)]
             cost = update_cost(model_name, langchain[:k], args.repeats, args.microbatch)
             results[model_name]["update"] = cost
