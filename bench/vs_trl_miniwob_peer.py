@@ -1,0 +1,257 @@
+"""TRL's side of `bench/vs_trl_miniwob.py`: multi-turn GRPO on MiniWoB++ with TRL's own `GRPOTrainer`
+and its `environment_factory` (TRL's tool-calling loop), run in TRL's venv (`.venv-trl`, pinned by
+`bench/vs_trl.py`, with Playwright and the `miniwob` pages added by `bench/vs_trl_miniwob.py`), never
+in forge-bridge's.
+
+    .venv-trl/bin/python bench/vs_trl_miniwob_peer.py JOB.json
+
+JOB.json (written by `bench/vs_trl_miniwob.py`): the model folder (the weights forge-bridge resolves),
+the system prompt, the training problems in the order forge-bridge's run drew them (MiniWoB task
+name and seed, `tasks_per_iteration` per step), the settings, and `out` (a folder).
+
+How TRL runs it, with nothing of forge-bridge's trainer: `MiniWoBTools` (below) is the class TRL's
+`environment_factory` makes, one instance per rollout. Its `reset(**row)` opens a fresh
+`MiniWoBEnvironment` (forge-bridge's core: the same pages, seeds, page text and tool code the
+forge-bridge agent gets) on the row's problem and returns the page, which TRL appends to the
+prompt's empty user turn; its public methods `click`, `type`, `press`, `select` are the tools TRL
+renders into the prompt (from their signatures and docstrings) and calls (each runs the
+environment's own tool call, so results and error texts match the agent's); `get_reward()` is the
+page's reward (MiniWoB's raw reward, a failure as 0), TRL's only reward. A fresh LoRA of
+forge-bridge's shape (rank, alpha, target modules) is trained from the base, with forge-bridge's
+optimiser and schedule (torch's AdamW at its defaults, linear warm-up over `warmup_steps`), clip,
+KL weight, temperature, per-call token budget (`generation_kwargs.max_new_tokens`) and model calls
+per episode (`max_tool_calling_iterations` = calls - 1). Writes `out/adapter` (peft's safetensors)
+and `out/result.json` (the RL phase's wall time, TRL's reward and tool metrics per step).
+
+`parser`: 'forge-bridge' (the default) reads the model's replies with forge-bridge's own reader
+(`forge_bridge.policies.toolcalls.parse`, what `LocalPolicy` and so the evaluation use: Hermes tags,
+fenced JSON, bare JSON), set as the tokenizer's `parse_response`, the hook TRL reads every turn
+through; 'native' leaves TRL's own (the Qwen response template: `<tool_call>` tags only).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import types
+from pathlib import Path
+
+# bench/ is not an import root here: a bench/miniwob.py there would hide the `miniwob` package
+# whose pages the environment serves
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+
+def forge_reader(tokenizer, tool_schemas: list[dict]):
+    """A `parse_response` for the tokenizer that reads calls as `LocalPolicy` does."""
+    from forge_bridge.policies.toolcalls import formats, parse
+
+    _, reading = formats("auto", tokenizer.chat_template)
+    eos = set(filter(lambda t: t is not None, [tokenizer.eos_token_id, tokenizer.pad_token_id]))
+
+    def parse_response(self, ids, prefix=None, tools=None, **_):
+        ids = list(ids)
+        ended = bool(ids) and ids[-1] in eos
+        text = tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=True)
+        action = parse(text, "stop" if ended else "length", reading, tool_schemas)
+        calls = []
+        if not action.malformed:  # forge-bridge's agent stops on a malformed reply; so does TRL without calls
+            for call in action.tool_calls:
+                try:
+                    args = json.loads(call.arguments or "{}")
+                except json.JSONDecodeError:
+                    args = None
+                if isinstance(args, dict):
+                    calls.append({"type": "function", "function": {"name": call.name, "arguments": args}})
+        message = {"role": "assistant", "content": action.content or ""}
+        if calls:
+            message["tool_calls"] = calls
+        return message
+
+    return parse_response
+
+
+def make_tools_class(env_config: dict):
+    """The environment class TRL's `environment_factory` instantiates (one per rollout)."""
+    from forge_bridge.core.actions import ToolCall
+    from forge_bridge.envs.miniwob import MiniWoBConfig, MiniWoBEnvironment, MiniWoBTask
+
+    class MiniWoBTools:
+        """One rollout's MiniWoB++ page; its public methods are the tools."""
+
+        def __init__(self) -> None:
+            self.env: MiniWoBEnvironment | None = None
+            self.final = 0.0
+
+        def reset(self, name: str, seed: int, **_) -> str:
+            self._close()
+            self.env = MiniWoBEnvironment(MiniWoBConfig(**env_config))
+            self.final = 0.0
+            return self.env.reset(MiniWoBTask(name, int(seed)))[0]["content"]
+
+        def _call(self, name: str, **arguments) -> str:
+            assert self.env is not None, "a tool called before reset"
+            if self.env.done or self.env.outcome is not None:
+                return (f"error: the task is over (reward {self.env.reward:g}); answer without a tool call "
+                        "to finish")
+            result = self.env.call_tool(ToolCall(id="call", name=name, arguments=json.dumps(arguments)))
+            return result["content"]
+
+        def click(self, ref: int):  # no return type: TRL's schema would carry it, forge-bridge's has none
+            """Click an element; returns the page after it.
+
+            Args:
+                ref: an element's ref, the N of [N] on the page
+            """
+            return self._call("click", ref=ref)
+
+        def type(self, ref: int, text: str):  # no return type: TRL's schema would carry it, forge-bridge's has none
+            """Replace the text of a field with `text`, typed as keystrokes.
+
+            Args:
+                ref: an element's ref, the N of [N] on the page
+                text: the text to type
+            """
+            return self._call("type", ref=ref, text=text)
+
+        def press(self, key: str):  # no return type: TRL's schema would carry it, forge-bridge's has none
+            """Press a key on the focused element: Enter, Tab, Backspace, ArrowDown, Control+a, ...
+
+            Args:
+                key: the key's name
+            """
+            return self._call("press", key=key)
+
+        def select(self, ref: int, option: str):  # no return type: TRL's schema would carry it, forge-bridge's has none
+            """Choose an option of a select element by its text.
+
+            Args:
+                ref: an element's ref, the N of [N] on the page
+                option: the option's text
+            """
+            return self._call("select", ref=ref, option=option)
+
+        def get_reward(self) -> float:
+            """The page's reward; the rollout is over, so its browser is closed."""
+            self.final = self.env.reward if self.env is not None else 0.0
+            self._close()
+            return self.final
+
+        def _close(self) -> None:
+            if self.env is not None:
+                self.env.close()
+                self.env = None
+
+    return MiniWoBTools
+
+
+def check_prompts(trainer, tools_class, job: dict) -> int:
+    """How many of the rows' first prompts, as TRL renders them (its tools, its chat template), differ
+    from the token ids forge-bridge's agent gave the model for the same problem (each row's
+    `prompt_ids`); printed, and kept in result.json."""
+    mismatched, seen = 0, set()
+    for row in job["rows"]:
+        if "prompt_ids" not in row or (row["name"], row["seed"]) in seen:
+            continue
+        seen.add((row["name"], row["seed"]))
+        env = tools_class()
+        try:
+            page = env.reset(row["name"], row["seed"])
+        finally:
+            env.get_reward()  # closes its browser
+        ids = trainer.processing_class.apply_chat_template(
+            [{"role": "system", "content": job["system"]}, {"role": "user", "content": page}], tools=trainer.tools,
+            add_generation_prompt=True, tokenize=True, return_dict=False, chat_template=trainer.chat_template)
+        mismatched += list(ids) != row["prompt_ids"]
+    print(f"prompts: {len(seen) - mismatched} of {len(seen)} problems render to forge-bridge's first prompt",
+          flush=True)
+    return mismatched
+
+
+def tool_schemas(tools_class) -> dict[str, dict]:
+    """The tools as TRL renders them into the prompt (transformers' `get_json_schema` of each public
+    method, in TRL's order: by name), name -> OpenAI schema. `bench/vs_trl_miniwob.py` gives forge-bridge's
+    agent these same schemas, so both trainers' prompts are the same tokens."""
+    import inspect
+
+    from transformers.utils import get_json_schema
+
+    instance = tools_class()
+    return {name: get_json_schema(getattr(instance, name))
+            for name, _ in inspect.getmembers(tools_class, predicate=inspect.isfunction)
+            if name not in ("reset", "get_reward") and not name.startswith("_")}
+
+
+def main(job_path: str) -> int:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOConfig, GRPOTrainer
+
+    from forge_bridge.policies.models import load_tokenizer
+
+    job = json.loads(Path(job_path).read_text())
+    out = Path(job["out"])
+    s = job["settings"]
+    torch.manual_seed(job["seed"])
+    torch.set_num_threads(job["threads"])
+    tools_class = make_tools_class(job.get("env_config", {}))
+    # the tokenizer LocalPolicy uses: the model's own chat template where it renders tool calls, else Hermes
+    tokenizer = load_tokenizer(job["model"])
+    tokenizer.padding_side = "left"
+    if job.get("parser", "forge-bridge") == "forge-bridge":
+        from trl.chat_template_utils import add_response_schema, qwen3_template
+
+        try:  # TRL reads every turn through the tokenizer's parse_response once a response template is set
+            add_response_schema(tokenizer)
+        except ValueError:  # a template TRL does not know (the Hermes one forge-bridge gives SmolLM2)
+            tokenizer.response_template = qwen3_template
+        schemas = list(tool_schemas(tools_class).values())
+        tokenizer.parse_response = types.MethodType(forge_reader(tokenizer, schemas), tokenizer)
+
+    model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32, local_files_only=True)
+    lora = s["lora"]
+    # a fresh LoRA TRL wraps itself, so its KL reference is the base with the adapter off, as forge-bridge's is
+    peft_config = LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=0.0,
+                             target_modules=list(lora["targets"]), bias="none", task_type="CAUSAL_LM")
+    config = GRPOConfig(
+        output_dir=str(out / "trainer"), use_cpu=True, bf16=False, seed=job["seed"],
+        num_generations=s["group_size"], per_device_train_batch_size=s["group_size"],
+        gradient_accumulation_steps=s["tasks_per_iteration"],  # one optimiser step per iteration's rollouts
+        max_steps=s["iterations"], num_iterations=1, shuffle_dataset=False,
+        learning_rate=s["lr"], max_grad_norm=s["grad_clip"], epsilon=s["clip"],
+        beta=s["kl_beta"], temperature=s["temperature"], top_p=1.0, top_k=0,
+        # the whole episode's completion (the model's turns and the tool results between them); each
+        # model call is cut at max_tokens, as forge-bridge's agent cuts it
+        max_completion_length=s["max_seq_len"], generation_kwargs={"max_new_tokens": s["max_tokens"]},
+        max_tool_calling_iterations=s["max_calls"] - 1,
+        loss_type="dapo", scale_rewards="group", mask_truncated_completions=False,
+        gradient_checkpointing=False,  # TRL's default is on; forge-bridge's run has it off
+        logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=False)
+    rows = [{"prompt": [{"role": "system", "content": job["system"]}, {"role": "user", "content": ""}],
+             "name": r["name"], "seed": r["seed"]} for r in job["rows"]]
+    dataset = Dataset.from_list(rows)
+    trainer = GRPOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
+                          peft_config=peft_config, environment_factory=tools_class)
+    mismatched = check_prompts(trainer, tools_class, job)
+    # forge-bridge's optimiser and schedule on the LoRA TRL made: torch's AdamW at its defaults, the
+    # rate ramped over the first `warmup_steps` steps ((step + 1) / warmup_steps), then constant
+    trainer.optimizer = torch.optim.AdamW([p for p in trainer.model.parameters() if p.requires_grad], lr=s["lr"])
+    trainer.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+        trainer.optimizer, lambda step: min(1.0, (step + 1) / s["warmup_steps"]) if s["warmup_steps"] else 1.0)
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    trainer.model.save_pretrained(out / "adapter", safe_serialization=True, selected_adapters=["default"])
+    keys = ("reward", "tools/call_frequency", "tools/failure_frequency", "completions/mean_length")
+    steps = [{k: round(e[k], 4) for k in keys if k in e} for e in trainer.state.log_history if "reward" in e]
+    (out / "result.json").write_text(json.dumps({"rl_s": wall, "prompts_mismatched": mismatched, "training_reward": [x["reward"] for x in steps],
+                                                 "steps": steps}, indent=2))
+    print(f"TRL GRPO (environment_factory): {wall:.0f} s, reward per step {[x['reward'] for x in steps]}",
+          flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
