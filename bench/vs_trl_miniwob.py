@@ -252,8 +252,11 @@ def run_forge(seed: int, args, mw, env, folder: Path) -> dict:
         trainer = fb.GRPOTrainer(policy, config, recorder=fb.Recorder(store))
         pool = mw.splits()["train"]
 
+        drawn: dict[int, list] = {}
+
         def schedule(it: int) -> list:
-            return random.Random(seed * 100_003 + it).sample(pool, args.tasks)
+            drawn[it] = random.Random(seed * 100_003 + it).sample(pool, args.tasks)
+            return drawn[it]
 
         t0 = time.perf_counter()
         history = trainer.train(agent(policy, args, env, temperature=args.temperature), schedule,
@@ -264,7 +267,8 @@ def run_forge(seed: int, args, mw, env, folder: Path) -> dict:
     finally:
         policy.close()
         store.close()
-    result = {"rl_s": rl_s, "held_out": score, "served": None,
+    result = {"rl_s": rl_s, "held_out": score,
+              "drawn": [[{"name": t.name, "seed": t.seed} for t in drawn[it]] for it in sorted(drawn)],
               "training": [{k: v for k, v in h.items() if k == "iteration" or k.startswith("reward")} for h in history],
               "config": {"lr": config.optimizer.lr, "warmup_steps": config.optimizer.warmup_steps,
                          "grad_clip": config.optimizer.grad_clip, "clip": config.loss.clip_low,
@@ -286,11 +290,13 @@ def run_trl(seed: int, args, python: Path, ours: dict, folder: Path) -> dict:
     from forge_bridge.policies.models import model_path
 
     vs_trl = sys.modules.get("bench_vs_trl") or sibling("vs_trl.py", "bench_vs_trl")
+    # the problems in the order forge-bridge's schedule drew them, each with the token ids its agent's
+    # first model call was given (the peer checks that TRL renders the same)
     with TrajectoryStore(folder / "trajectories.db") as store:
-        rows = vs_trl.prompts_of(store, read_run_id(folder / "run", "fb"))
-    for row in rows:  # MiniWoBTask ids are '<name>-<seed>'
-        row["name"], _, s = row["task_id"].rpartition("-")
-        row["seed"] = int(s)
+        first = {r["task_id"]: r["prompt_ids"] for r in vs_trl.prompts_of(store, read_run_id(folder / "run", "fb"))}
+    rows = [{**task, **({"prompt_ids": first[f"{task['name']}-{task['seed']}"]}
+                        if f"{task['name']}-{task['seed']}" in first else {})}
+            for tasks in ours["drawn"] for task in tasks]
     c = ours["config"]
     job = {"model": str(model_path(args.model)), "out": str(folder / "trl"), "seed": seed,
            "threads": torch.get_num_threads(), "system": args.system, "rows": rows, "parser": args.trl_parser,
@@ -299,9 +305,9 @@ def run_trl(seed: int, args, python: Path, ours: dict, folder: Path) -> dict:
                         "iterations": args.iterations, "lr": c["lr"], "warmup_steps": c["warmup_steps"],
                         "grad_clip": c["grad_clip"], "clip": c["clip"], "kl_beta": c["kl_beta"],
                         "temperature": args.temperature, "max_tokens": args.max_tokens, "max_calls": args.max_calls,
-                        "max_seq_len": args.max_seq_len, "lora": c["lora"]}}
+                        "max_seq_len": args.max_seq_len, "lora": c["lora"], "microbatch": args.trl_microbatch}}
     if len(rows) != args.iterations * args.tasks:
-        sys.exit(f"seed {seed}: forge-bridge's store holds {len(rows)} training problems, expected "
+        sys.exit(f"seed {seed}: forge-bridge's run drew {len(rows)} training problems, expected "
                  f"{args.iterations * args.tasks}")
     (folder / "trl").mkdir(exist_ok=True)
     (folder / "trl" / "job.json").write_text(json.dumps(job))
@@ -385,6 +391,8 @@ def parser(shared: dict) -> argparse.ArgumentParser:
                    help="forge-bridge's credit ('trajectory' is TRL's kind: one advantage per episode)")
     p.add_argument("--trl-parser", choices=("forge-bridge", "native"), default="forge-bridge",
                    help="how TRL reads the model's tool calls (native: TRL's own, <tool_call> tags only)")
+    p.add_argument("--trl-microbatch", type=int, default=1, help="episodes per TRL forward/backward pass "
+                   "(memory only: the optimiser step is the same)")
     p.add_argument("--eval-tasks", type=int, default=0, help="held-out problems scored, evenly spaced (0: all)")
     p.add_argument("--no-base", action="store_true", help="do not score the base model")
     p.add_argument("--quiet", action="store_true")
@@ -395,6 +403,8 @@ def main() -> int:
     mw = bench_miniwob()
     args = parser(defaults(mw)).parse_args()
     args.system = mw.SYSTEM
+    if args.trl_microbatch < 1 or (args.group_size * args.tasks) % args.trl_microbatch:
+        sys.exit(f"--trl-microbatch {args.trl_microbatch}: expected a divisor of --group-size x --tasks")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     saved = out / "args.json"

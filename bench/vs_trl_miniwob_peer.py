@@ -71,6 +71,39 @@ def forge_reader(tokenizer, tool_schemas: list[dict]):
     return parse_response
 
 
+REF = "an element's ref, the N of [N] on the page"
+TOOLS = {
+    "click": ("Click an element; returns the page after it.", {"ref": (int, REF)}),
+    "type": ("Replace the text of a field with `text`, typed as keystrokes.",
+             {"ref": (int, REF), "text": (str, "the text to type")}),
+    "press": ("Press a key on the focused element: Enter, Tab, Backspace, ArrowDown, Control+a, ...",
+              {"key": (str, "the key's name")}),
+    "select": ("Choose an option of a select element by its text.",
+               {"ref": (int, REF), "option": (str, "the option's text")}),
+}
+"""MiniWoBEnvironment's tools as TRL's environment methods: its descriptions (transformers' schema
+also wants one per argument, so `text`, `key` and `option` get one)."""
+
+
+def tool_method(name: str, doc: str, params: dict):
+    """A method TRL renders as the tool `name` (its signature and Google-style docstring: typed
+    `params`, no return type, as forge-bridge's schemas have none) and calls with the model's
+    arguments as keywords. It takes any keywords, so a missing, unknown or mistyped argument reaches
+    the environment's own check and the model reads forge-bridge's error text (not Python's)."""
+    import inspect
+
+    def method(self, **arguments):
+        return self._call(name, arguments)
+
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = doc + "\n\nArgs:\n" + "".join(f"    {p}: {d}\n" for p, (_, d) in params.items())
+    method.__annotations__ = {p: t for p, (t, _) in params.items()}
+    method.__signature__ = inspect.Signature([inspect.Parameter("self", kind)]
+                                             + [inspect.Parameter(p, kind, annotation=t) for p, (t, _) in params.items()])
+    return method
+
+
 def make_tools_class(env_config: dict):
     """The environment class TRL's `environment_factory` instantiates (one per rollout)."""
     from forge_bridge.core.actions import ToolCall
@@ -79,62 +112,37 @@ def make_tools_class(env_config: dict):
     class MiniWoBTools:
         """One rollout's MiniWoB++ page; its public methods are the tools."""
 
+        seconds = 0.0
+        """Time in the environment (browsers, pages, tool calls), all instances together."""
+
         def __init__(self) -> None:
             self.env: MiniWoBEnvironment | None = None
             self.final = 0.0
 
         def reset(self, name: str, seed: int, **_) -> str:
+            """A fresh page (and browser) on the row's problem; its text is the prompt's user turn."""
+            t0 = time.perf_counter()
             self._close()
             self.env = MiniWoBEnvironment(MiniWoBConfig(**env_config))
             self.final = 0.0
-            return self.env.reset(MiniWoBTask(name, int(seed)))[0]["content"]
+            page = self.env.reset(MiniWoBTask(name, int(seed)))[0]["content"]
+            MiniWoBTools.seconds += time.perf_counter() - t0
+            return page
 
-        def _call(self, name: str, **arguments) -> str:
+        def _call(self, name: str, arguments: dict) -> str:
+            """The environment's own tool call: its argument checks, its page text, its error texts."""
             assert self.env is not None, "a tool called before reset"
-            if self.env.done or self.env.outcome is not None:
-                return (f"error: the task is over (reward {self.env.reward:g}); answer without a tool call "
-                        "to finish")
+            t0 = time.perf_counter()
             result = self.env.call_tool(ToolCall(id="call", name=name, arguments=json.dumps(arguments)))
+            MiniWoBTools.seconds += time.perf_counter() - t0
             return result["content"]
-
-        def click(self, ref: int):  # no return type: TRL's schema would carry it, forge-bridge's has none
-            """Click an element; returns the page after it.
-
-            Args:
-                ref: an element's ref, the N of [N] on the page
-            """
-            return self._call("click", ref=ref)
-
-        def type(self, ref: int, text: str):  # no return type: TRL's schema would carry it, forge-bridge's has none
-            """Replace the text of a field with `text`, typed as keystrokes.
-
-            Args:
-                ref: an element's ref, the N of [N] on the page
-                text: the text to type
-            """
-            return self._call("type", ref=ref, text=text)
-
-        def press(self, key: str):  # no return type: TRL's schema would carry it, forge-bridge's has none
-            """Press a key on the focused element: Enter, Tab, Backspace, ArrowDown, Control+a, ...
-
-            Args:
-                key: the key's name
-            """
-            return self._call("press", key=key)
-
-        def select(self, ref: int, option: str):  # no return type: TRL's schema would carry it, forge-bridge's has none
-            """Choose an option of a select element by its text.
-
-            Args:
-                ref: an element's ref, the N of [N] on the page
-                option: the option's text
-            """
-            return self._call("select", ref=ref, option=option)
 
         def get_reward(self) -> float:
             """The page's reward; the rollout is over, so its browser is closed."""
+            t0 = time.perf_counter()
             self.final = self.env.reward if self.env is not None else 0.0
             self._close()
+            MiniWoBTools.seconds += time.perf_counter() - t0
             return self.final
 
         def _close(self) -> None:
@@ -142,6 +150,8 @@ def make_tools_class(env_config: dict):
                 self.env.close()
                 self.env = None
 
+    for name, (doc, params) in TOOLS.items():
+        setattr(MiniWoBTools, name, tool_method(name, doc, params))
     return MiniWoBTools
 
 
@@ -217,8 +227,13 @@ def main(job_path: str) -> int:
                              target_modules=list(lora["targets"]), bias="none", task_type="CAUSAL_LM")
     config = GRPOConfig(
         output_dir=str(out / "trainer"), use_cpu=True, bf16=False, seed=job["seed"],
-        num_generations=s["group_size"], per_device_train_batch_size=s["group_size"],
-        gradient_accumulation_steps=s["tasks_per_iteration"],  # one optimiser step per iteration's rollouts
+        # one optimiser step per iteration's rollouts, generated together (TRL's generation batch is
+        # per_device_train_batch_size x gradient_accumulation_steps), in forward/backward passes of
+        # `microbatch` sequences (a whole episode each: the logits of 2048 tokens of a 152k vocabulary
+        # are 1.2 GB in float32); DAPO's loss divides by the generation batch's tokens, so the step is
+        # the same whatever the microbatch
+        num_generations=s["group_size"], per_device_train_batch_size=s.get("microbatch", 1),
+        gradient_accumulation_steps=s["group_size"] * s["tasks_per_iteration"] // s.get("microbatch", 1),
         max_steps=s["iterations"], num_iterations=1, shuffle_dataset=False,
         learning_rate=s["lr"], max_grad_norm=s["grad_clip"], epsilon=s["clip"],
         beta=s["kl_beta"], temperature=s["temperature"], top_p=1.0, top_k=0,
@@ -240,6 +255,18 @@ def main(job_path: str) -> int:
     trainer.optimizer = torch.optim.AdamW([p for p in trainer.model.parameters() if p.requires_grad], lr=s["lr"])
     trainer.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
         trainer.optimizer, lambda step: min(1.0, (step + 1) / s["warmup_steps"]) if s["warmup_steps"] else 1.0)
+    generating = [0.0]  # where TRL's time goes: its generate calls (every turn), timed from outside
+    generate = trainer._generate_single_turn
+
+    def timed_generate(*a, **k):
+        t = time.perf_counter()
+        try:
+            return generate(*a, **k)
+        finally:
+            generating[0] += time.perf_counter() - t
+
+    trainer._generate_single_turn = timed_generate
+    tools_class.seconds = 0.0
     t0 = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0
@@ -247,9 +274,11 @@ def main(job_path: str) -> int:
     keys = ("reward", "tools/call_frequency", "tools/failure_frequency", "completions/mean_length")
     steps = [{k: round(e[k], 4) for k in keys if k in e} for e in trainer.state.log_history if "reward" in e]
     (out / "result.json").write_text(json.dumps({"rl_s": wall, "prompts_mismatched": mismatched, "training_reward": [x["reward"] for x in steps],
-                                                 "steps": steps}, indent=2))
-    print(f"TRL GRPO (environment_factory): {wall:.0f} s, reward per step {[x['reward'] for x in steps]}",
-          flush=True)
+                                                 "steps": steps,
+                                                 "generate_s": generating[0], "environment_s": tools_class.seconds},
+                                                indent=2))
+    print(f"TRL GRPO (environment_factory): {wall:.0f} s (generating {generating[0]:.0f} s, environment "
+          f"{tools_class.seconds:.0f} s), reward per step {[x['reward'] for x in steps]}", flush=True)
     return 0
 
 
