@@ -1,47 +1,57 @@
 """forge-bridge beside TRL on multi-turn web tasks: the same GRPO run on MiniWoB++ by forge-bridge's
 trainer through `HarnessAgent`, and by TRL 1.16's `GRPOTrainer` through its own multi-turn
-tool-calling path (`environment_factory`), from the same base model, scored by one evaluation.
+tool-calling path (`environment_factory`), from the same base model, both final adapters scored by
+one evaluation.
 
     .venv/bin/python bench/vs_trl_miniwob.py --seeds 0 1 2 --out runs/bench-vs-trl-miniwob
 
-Tasks, system prompt and settings come from `bench/miniwob.py` (`splits()`, `SYSTEM`, and its
-`parser()`'s defaults where it has one; this file carries a stand-in with the same names until it
-lands): the model is Qwen2.5-Coder-0.5B-Instruct (`--model`), the weights forge-bridge resolves
-locally (`model_path`), which TRL loads from the same folder. Per seed:
+The tasks, the system prompt and the settings' defaults come from `bench/miniwob.py` (its `splits()`,
+`SYSTEM` and `parser()`; until it lands, `StandIn` below has the same names): the model is
+Qwen2.5-Coder-0.5B-Instruct (`--model`), in the folder forge-bridge resolves locally (`model_path`),
+which TRL loads too. Per seed:
 
-1. forge-bridge: `GRPOTrainer` (its defaults: anchor credit, token-level loss, k3 KL to the base,
-   truncated importance sampling) trains a fresh LoRA from the base for `--iterations` iterations of
-   `--tasks` training problems x `--group-size` rollouts, each an episode of `HarnessAgent` on a
-   fresh `MiniWoBEnvironment` page (at most `--max-calls` model calls of `--max-tokens` new tokens,
-   temperature `--temperature`), one optimiser step per iteration (`minibatch_size` holds all of an
-   iteration's calls).
-2. TRL (`bench/vs_trl_miniwob_peer.py`, in its own venv `.venv-trl`: `bench/vs_trl.py`'s pins, plus
-   Playwright and `miniwob` at this checkout's `constraints.txt` versions, installed on first use)
-   trains a fresh LoRA of the same shape from the same base on the *same* problems in the same order
-   (read back from forge-bridge's store), with the same rollouts per problem, optimiser steps, AdamW
-   and warm-up, clip, KL weight, temperature, tokens per model call and model calls per episode. Its
-   environment class wraps the same `MiniWoBEnvironment` (same pages, seeds, page text, tool code
-   and error texts); its reward is the page's (`get_reward`). Both read the model's calls with
-   forge-bridge's reader (`--trl-parser native`: TRL's own, `<tool_call>` tags only), and both
-   agents see the same tool schemas, the ones TRL renders from its environment's methods (so the
-   first prompts are the same tokens: the peer checks this and records mismatches).
+1. forge-bridge: `GRPOTrainer` at its defaults (anchor credit, token-level loss, k3 KL to the base,
+   truncated importance sampling) trains a fresh LoRA from the base: `--iterations` iterations of
+   `--tasks` training problems (drawn as bench/miniwob.py draws them) x `--group-size` rollouts, each
+   an episode of `HarnessAgent` on a fresh `MiniWoBEnvironment` page (at most `--max-calls` model
+   calls of `--max-tokens` new tokens, `--temperature`), one optimiser step per iteration
+   (`minibatch_size` holds all of an iteration's calls).
+2. TRL (`bench/vs_trl_miniwob_peer.py`, in its own venv `.venv-trl`: bench/vs_trl.py's pins, plus
+   Playwright and `miniwob` at constraints.txt's versions, added on first use) trains a fresh LoRA of
+   the same shape from the same base on the *same* problems in the same order, with the same
+   rollouts per problem, optimiser steps, AdamW and warm-up, clip, KL weight, temperature, tokens per
+   reply and tool-running replies per episode. Its environment class wraps the same
+   `MiniWoBEnvironment` (pages, seeds, page text, and each tool call run by the environment's own
+   code, so argument checks and error texts are forge-bridge's); its reward is the page's
+   (`get_reward`). Both agents see the same tool schemas, the ones TRL renders from its
+   environment's methods (TRL lists them by name and wants every argument described), so the first
+   prompts are the same tokens: the peer checks each problem's and records mismatches. Both read the
+   model's replies with forge-bridge's reader: Qwen2.5-Coder-0.5B writes its calls as bare or fenced
+   JSON, which TRL's own reader (the Qwen response template: `<tool_call>` tags) reads as no call --
+   on 281 replies of this model on these pages forge-bridge's reader found calls in 230, TRL's in
+   none -- so with `--trl-parser native` TRL's episodes end at the first reply with reward 0.
 3. One evaluation scores both final adapters (and, once, the base): forge-bridge's greedy
-   `HarnessAgent` on the held-out split (`--eval-tasks` of them, evenly spaced; 0: all), success =
-   reward >= 1. The TRL adapter is loaded into `LocalPolicy` as any peft LoRA is.
+   `HarnessAgent` with the same tools on the held-out split (`--eval-tasks` of it, evenly spaced; 0:
+   all), success = reward >= 1, per family too. TRL's adapter is loaded into `LocalPolicy` as any
+   peft LoRA is.
 
 Wall time is each trainer's RL phase alone (sampling, browsers, tool calls, rewards, updates, and for
 forge-bridge its recording and publishing); loading, the base and the evaluations are outside it.
-Both run on this machine's CPU, one after the other, float32. A seed whose `result.json` exists is
-skipped; within a seed, a finished forge-bridge run or TRL run is not run again.
+TRL's result.json also splits its time: its generate calls, its environment. Both run on this
+machine's CPU, one after the other, float32: time them on an otherwise idle machine. A seed whose
+result.json exists is skipped; within a seed, a finished forge-bridge run, TRL run or evaluation is
+not run again; `--out` refuses a folder holding a run with other settings.
 
-What it does not cover: TRL with vLLM or a GPU; TRL's async GRPO; validation-based selection (both
-sides end on their last version, unlike bench/miniwob.py's `grpo` arm); credit per step on TRL's
-side (its loop has one advantage per episode: forge-bridge's `--credit trajectory` is the like-for-
-like setting, its default `anchor` is not); episode ends decided by the environment on TRL's side
-(TRL's loop stops only when the model answers without a tool call, so after the page ends the task
-the model gets one more turn that forge-bridge's agent does not take); TRL's per-episode token budget
-(`max_completion_length`: model turns and tool results together, set to `--max-seq-len`; forge-
-bridge cuts training sequences at `--max-seq-len` instead); MiniWoB's visual tasks; other models.
+What it does not cover: TRL with vLLM, on a GPU, or its async GRPO; validation-based selection (both
+sides end on their last version, unlike bench/miniwob.py's `grpo` arm, which ends on its best
+validated one); credit per step on TRL's side (one advantage per episode: forge-bridge's `--credit
+trajectory` is the like-for-like setting, its default `anchor` is not); an episode ended by the
+environment on TRL's side (TRL's loop stops only at a reply without a tool call, or after
+`max_tool_calling_iterations` tool rounds, so after the page ends the task, or after the last tool
+round, TRL samples and trains one more reply that forge-bridge's agent does not take); TRL's
+per-episode token budget (`--trl-max-completion`: its replies and the tool results together;
+forge-bridge cuts training sequences at `--max-seq-len` instead and its agent has no budget);
+MiniWoB's visual tasks; other models; more than this machine's 2 cores.
 """
 
 from __future__ import annotations
@@ -305,7 +315,8 @@ def run_trl(seed: int, args, python: Path, ours: dict, folder: Path) -> dict:
                         "iterations": args.iterations, "lr": c["lr"], "warmup_steps": c["warmup_steps"],
                         "grad_clip": c["grad_clip"], "clip": c["clip"], "kl_beta": c["kl_beta"],
                         "temperature": args.temperature, "max_tokens": args.max_tokens, "max_calls": args.max_calls,
-                        "max_seq_len": args.max_seq_len, "lora": c["lora"], "microbatch": args.trl_microbatch}}
+                        "max_seq_len": args.max_seq_len, "lora": c["lora"], "microbatch": args.trl_microbatch,
+                        "max_completion": args.trl_max_completion}}
     if len(rows) != args.iterations * args.tasks:
         sys.exit(f"seed {seed}: forge-bridge's run drew {len(rows)} training problems, expected "
                  f"{args.iterations * args.tasks}")
@@ -360,7 +371,8 @@ def table(results: list[dict], base: dict | None) -> str:
         return statistics.stdev(xs) if len(xs) > 1 else 0.0
 
     b = f"{100 * base['success']:.0f} %" if base else "-"
-    lines = ["| seed | base | TRL GRPO | forge-bridge GRPO | TRL RL wall time | forge-bridge RL wall time | time ratio |",
+    lines = ["| seed | base | TRL GRPO | forge-bridge GRPO | TRL RL wall time | forge-bridge RL wall time "
+             "| time ratio |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         lines.append(f"| {r['seed']} | {b} | {100 * r['TRL']:.0f} % | {100 * r['forge-bridge']:.0f} % "
@@ -393,6 +405,8 @@ def parser(shared: dict) -> argparse.ArgumentParser:
                    help="how TRL reads the model's tool calls (native: TRL's own, <tool_call> tags only)")
     p.add_argument("--trl-microbatch", type=int, default=1, help="episodes per TRL forward/backward pass "
                    "(memory only: the optimiser step is the same)")
+    p.add_argument("--trl-max-completion", type=int, default=4096, help="TRL's token budget for a whole episode "
+                   "(its replies and the tool results between them; forge-bridge's agent has none)")
     p.add_argument("--eval-tasks", type=int, default=0, help="held-out problems scored, evenly spaced (0: all)")
     p.add_argument("--no-base", action="store_true", help="do not score the base model")
     p.add_argument("--quiet", action="store_true")

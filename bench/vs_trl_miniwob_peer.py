@@ -7,25 +7,28 @@ in forge-bridge's.
 
 JOB.json (written by `bench/vs_trl_miniwob.py`): the model folder (the weights forge-bridge resolves),
 the system prompt, the training problems in the order forge-bridge's run drew them (MiniWoB task
-name and seed, `tasks_per_iteration` per step), the settings, and `out` (a folder).
+name and seed, `tasks_per_iteration` per step, each with the token ids of forge-bridge's first
+prompt for it), the settings, and `out` (a folder).
 
 How TRL runs it, with nothing of forge-bridge's trainer: `MiniWoBTools` (below) is the class TRL's
 `environment_factory` makes, one instance per rollout. Its `reset(**row)` opens a fresh
-`MiniWoBEnvironment` (forge-bridge's core: the same pages, seeds, page text and tool code the
-forge-bridge agent gets) on the row's problem and returns the page, which TRL appends to the
-prompt's empty user turn; its public methods `click`, `type`, `press`, `select` are the tools TRL
-renders into the prompt (from their signatures and docstrings) and calls (each runs the
-environment's own tool call, so results and error texts match the agent's); `get_reward()` is the
-page's reward (MiniWoB's raw reward, a failure as 0), TRL's only reward. A fresh LoRA of
-forge-bridge's shape (rank, alpha, target modules) is trained from the base, with forge-bridge's
-optimiser and schedule (torch's AdamW at its defaults, linear warm-up over `warmup_steps`), clip,
-KL weight, temperature, per-call token budget (`generation_kwargs.max_new_tokens`) and model calls
-per episode (`max_tool_calling_iterations` = calls - 1). Writes `out/adapter` (peft's safetensors)
-and `out/result.json` (the RL phase's wall time, TRL's reward and tool metrics per step).
+`MiniWoBEnvironment` (forge-bridge's core: the same pages, seeds and page text the forge-bridge
+agent gets) on the row's problem and returns the page, which TRL appends to the prompt's empty user
+turn; its public methods `click`, `type`, `press`, `select` are the tools TRL renders into the prompt
+(from their signatures and docstrings) and calls with the model's arguments, each running the
+environment's own tool call (its argument checks, its page text, its error texts); `get_reward()`
+is the page's reward (MiniWoB's raw reward, a failure as 0), TRL's only reward. A fresh LoRA of
+forge-bridge's shape (rank, alpha, target modules; TRL wraps the model itself, so its KL reference
+is the base with the adapter off, as forge-bridge's is) is trained with forge-bridge's optimiser and
+schedule (torch's AdamW at its defaults, linear warm-up over `warmup_steps`), clip, KL weight,
+temperature, tokens per reply (`generation_kwargs.max_new_tokens`) and tool rounds per episode
+(`max_tool_calling_iterations`). Writes `out/adapter` (peft's safetensors) and `out/result.json`
+(the RL phase's wall time, split into TRL's generate calls and the environment; TRL's reward and
+tool metrics per step; how many first prompts differed from forge-bridge's).
 
 `parser`: 'forge-bridge' (the default) reads the model's replies with forge-bridge's own reader
 (`forge_bridge.policies.toolcalls.parse`, what `LocalPolicy` and so the evaluation use: Hermes tags,
-fenced JSON, bare JSON), set as the tokenizer's `parse_response`, the hook TRL reads every turn
+fenced JSON, bare JSON), set as the tokenizer's `parse_response`, the hook TRL reads every reply
 through; 'native' leaves TRL's own (the Qwen response template: `<tool_call>` tags only).
 """
 
@@ -99,8 +102,8 @@ def tool_method(name: str, doc: str, params: dict):
     method.__name__ = method.__qualname__ = name
     method.__doc__ = doc + "\n\nArgs:\n" + "".join(f"    {p}: {d}\n" for p, (_, d) in params.items())
     method.__annotations__ = {p: t for p, (t, _) in params.items()}
-    method.__signature__ = inspect.Signature([inspect.Parameter("self", kind)]
-                                             + [inspect.Parameter(p, kind, annotation=t) for p, (t, _) in params.items()])
+    method.__signature__ = inspect.Signature(
+        [inspect.Parameter("self", kind)] + [inspect.Parameter(p, kind, annotation=t) for p, (t, _) in params.items()])
     return method
 
 
@@ -237,10 +240,13 @@ def main(job_path: str) -> int:
         max_steps=s["iterations"], num_iterations=1, shuffle_dataset=False,
         learning_rate=s["lr"], max_grad_norm=s["grad_clip"], epsilon=s["clip"],
         beta=s["kl_beta"], temperature=s["temperature"], top_p=1.0, top_k=0,
-        # the whole episode's completion (the model's turns and the tool results between them); each
-        # model call is cut at max_tokens, as forge-bridge's agent cuts it
-        max_completion_length=s["max_seq_len"], generation_kwargs={"max_new_tokens": s["max_tokens"]},
-        max_tool_calling_iterations=s["max_calls"] - 1,
+        # each reply cut at max_tokens, as forge-bridge's agent cuts it; TRL's budget for the whole
+        # episode (its replies and the tool results between them: forge-bridge's agent has none) set
+        # where it rarely binds
+        max_completion_length=s["max_completion"], generation_kwargs={"max_new_tokens": s["max_tokens"]},
+        # the tools of up to max_calls replies run, as in forge-bridge's agent (TRL's loop then samples
+        # one more reply, whose calls it does not run)
+        max_tool_calling_iterations=s["max_calls"],
         loss_type="dapo", scale_rewards="group", mask_truncated_completions=False,
         gradient_checkpointing=False,  # TRL's default is on; forge-bridge's run has it off
         logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=False)
@@ -273,10 +279,9 @@ def main(job_path: str) -> int:
     trainer.model.save_pretrained(out / "adapter", safe_serialization=True, selected_adapters=["default"])
     keys = ("reward", "tools/call_frequency", "tools/failure_frequency", "completions/mean_length")
     steps = [{k: round(e[k], 4) for k in keys if k in e} for e in trainer.state.log_history if "reward" in e]
-    (out / "result.json").write_text(json.dumps({"rl_s": wall, "prompts_mismatched": mismatched, "training_reward": [x["reward"] for x in steps],
-                                                 "steps": steps,
-                                                 "generate_s": generating[0], "environment_s": tools_class.seconds},
-                                                indent=2))
+    result = {"rl_s": wall, "generate_s": generating[0], "environment_s": tools_class.seconds,
+              "prompts_mismatched": mismatched, "training_reward": [x["reward"] for x in steps], "steps": steps}
+    (out / "result.json").write_text(json.dumps(result, indent=2))
     print(f"TRL GRPO (environment_factory): {wall:.0f} s (generating {generating[0]:.0f} s, environment "
           f"{tools_class.seconds:.0f} s), reward per step {[x['reward'] for x in steps]}", flush=True)
     return 0
