@@ -422,7 +422,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     saved = out / "args.json"
-    same = {k: v for k, v in vars(args).items() if k not in ("seeds", "quiet", "no_base")}
+    same = {k: v for k, v in vars(args).items() if k not in ("seeds", "out", "quiet", "no_base")}
     if saved.is_file() and json.loads(saved.read_text()) != same:
         sys.exit(f"--out {out} holds a run with other settings ({saved}): name another folder")
     saved.write_text(json.dumps(same, indent=1))
