@@ -5,16 +5,16 @@ one evaluation.
 
     .venv/bin/python bench/vs_trl_miniwob.py --seeds 0 1 2 --out runs/bench-vs-trl-miniwob
 
-The tasks, the system prompt and the settings' defaults come from `bench/miniwob.py` (its `splits()`,
-`SYSTEM` and `parser()`; until it lands, `StandIn` below has the same names): the model is
-Qwen2.5-Coder-0.5B-Instruct (`--model`), in the folder forge-bridge resolves locally (`model_path`),
-which TRL loads too. Per seed:
+The tasks, the system prompt and the settings' defaults come from `bench/miniwob_rl.py` (its
+`splits()`, `SYSTEM` and `parser()`): the model is Qwen2.5-Coder-0.5B-Instruct (`--model`), in the
+folder forge-bridge resolves locally (`model_path`), which TRL loads too. Per seed:
 
-1. forge-bridge: `GRPOTrainer` at its defaults (anchor credit, token-level loss, k3 KL to the base,
-   truncated importance sampling) trains a fresh LoRA from the base: `--iterations` iterations of
-   `--tasks` training problems (drawn as bench/miniwob.py draws them) x `--group-size` rollouts, each
-   an episode of `HarnessAgent` on a fresh `MiniWoBEnvironment` page (at most `--max-calls` model
-   calls of `--max-tokens` new tokens, `--temperature`), one optimiser step per iteration
+1. forge-bridge: `GRPOTrainer` as bench/miniwob_rl.py's `grpo` arm runs it (anchor credit, token-level
+   loss, truncated importance sampling, `--kl-beta` to the base: 0 there, which also skips groups
+   with no reward spread) trains a fresh LoRA from the base: `--iterations` iterations of `--tasks`
+   training problems (drawn as bench/miniwob_rl.py draws them) x `--group-size` rollouts, each an
+   episode of `HarnessAgent` on a fresh `MiniWoBEnvironment` page (at most `--max-calls` model calls
+   of `--max-tokens` new tokens, `--temperature`), one optimiser step per iteration
    (`minibatch_size` holds all of an iteration's calls).
 2. TRL (`bench/vs_trl_miniwob_peer.py`, in its own venv `.venv-trl`: bench/vs_trl.py's pins, plus
    Playwright and `miniwob` at constraints.txt's versions, added on first use) trains a fresh LoRA of
@@ -43,21 +43,22 @@ result.json exists is skipped; within a seed, a finished forge-bridge run, TRL r
 not run again; `--out` refuses a folder holding a run with other settings.
 
 What it does not cover: TRL with vLLM, on a GPU, or its async GRPO; validation-based selection (both
-sides end on their last version, unlike bench/miniwob.py's `grpo` arm, which ends on its best
+sides end on their last version, unlike bench/miniwob_rl.py's `grpo` arm, which ends on its best
 validated one); credit per step on TRL's side (one advantage per episode: forge-bridge's `--credit
-trajectory` is the like-for-like setting, its default `anchor` is not); an episode ended by the
-environment on TRL's side (TRL's loop stops only at a reply without a tool call, or after
-`max_tool_calling_iterations` tool rounds, so after the page ends the task, or after the last tool
-round, TRL samples and trains one more reply that forge-bridge's agent does not take); TRL's
-per-episode token budget (`--trl-max-completion`: its replies and the tool results together;
-forge-bridge cuts training sequences at `--max-seq-len` instead and its agent has no budget);
-MiniWoB's visual tasks; other models; more than this machine's 2 cores.
+trajectory` is the like-for-like setting, its default `anchor` is not); TRL's group std is Bessel-
+corrected (forge-bridge's is the population's: TRL's advantages are 0.87x forge-bridge's at 4
+rollouts), and TRL does not skip groups without spread (their tokens still count in its DAPO
+normaliser); an episode ended by the environment on TRL's side (TRL's loop stops only at a reply
+without a tool call, or after `max_tool_calling_iterations` tool rounds, so after the page ends the
+task, or after the last tool round, TRL samples and trains one more reply that forge-bridge's agent
+does not take); TRL's per-episode token budget (`--trl-max-completion`: its replies and the tool
+results together; forge-bridge cuts training sequences at `--max-seq-len` instead and its agent has
+no budget); MiniWoB's visual tasks; other models; more than this machine's 2 cores.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import random
@@ -70,103 +71,22 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-# bench/ is not an import root: a bench/miniwob.py would hide the `miniwob` package whose pages are
-# served; the siblings are loaded by path instead
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
-
-
-def sibling(name: str, as_name: str):
-    spec = importlib.util.spec_from_file_location(as_name, HERE / name)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[as_name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-class StandIn:
-    """bench/miniwob.py's names until it lands: its split rule, its system prompt, its defaults."""
-
-    STUDENT = "qwen2.5-coder-0.5b-instruct"
-    GROUPS = {
-        1: [("click-test", "click-test-2", "click-test-transfer"), ("click-button",), ("click-link",),
-            ("click-dialog", "click-dialog-2"), ("focus-text", "focus-text-2"), ("click-widget",), ("unicode-test",)],
-        2: [("choose-list",), ("enter-text", "enter-text-2", "enter-text-dynamic"), ("click-button-sequence",),
-            ("click-collapsible-nodelay",), ("click-option",), ("click-tab",), ("simple-arithmetic",), ("find-word",)],
-        3: [("login-user", "login-user-popup"), ("enter-password",),
-            ("click-checkboxes", "click-checkboxes-large", "click-checkboxes-transfer"),
-            ("multi-orderings", "multi-layouts"), ("navigate-tree",)],
-    }
-    SYSTEM = ("You operate a web page to do the task it states. The page lists its elements as [ref] tag \"text\". "
-              "Use the tools: click(ref), type(ref, text), press(key), select(ref, option). When the page says the "
-              "task is over, answer briefly.")
-    FAMILIES = None
-
-    @classmethod
-    def split_families(cls) -> dict[str, list[str]]:
-        import math
-
-        out: dict[str, list[str]] = {"train": [], "validation": [], "held_out": []}
-        for size in sorted(cls.GROUPS):
-            groups = list(cls.GROUPS[size])
-            random.Random(62).shuffle(groups)
-            n_train, n_val = math.ceil(len(groups) / 2), max(1, len(groups) // 4)
-            for i, group in enumerate(groups):
-                out["train" if i < n_train else "validation" if i < n_train + n_val else "held_out"].extend(group)
-        return out
-
-    @classmethod
-    def splits(cls) -> dict[str, list]:
-        from forge_bridge.envs.miniwob import MiniWoBTask
-
-        fam = cls.split_families()
-        return {
-            "train": [MiniWoBTask(f, s) for f in fam["train"] for s in range(500)],
-            "validation": [MiniWoBTask(f, s) for f in fam["validation"] for s in (500, 501)]
-                          + [MiniWoBTask(f, 500) for f in fam["train"]],
-            "held_out": [MiniWoBTask(f, s) for f in fam["held_out"] for s in (1000, 1001, 1002)]
-                        + [MiniWoBTask(f, s) for f in fam["train"] for s in (1000, 1001)],
-        }
-
-    @staticmethod
-    def parser() -> argparse.ArgumentParser:
-        p = argparse.ArgumentParser()
-        p.add_argument("--model", default=StandIn.STUDENT)
-        p.add_argument("--iterations", type=int, default=3)
-        p.add_argument("--tasks", type=int, default=6)
-        p.add_argument("--group-size", type=int, default=4)
-        p.add_argument("--temperature", type=float, default=1.0)
-        p.add_argument("--max-tokens", type=int, default=96)
-        p.add_argument("--max-calls", type=int, default=6)
-        p.add_argument("--max-seq-len", type=int, default=2048)
-        p.add_argument("--concurrency", type=int, default=8)
-        return p
-
-
-def bench_miniwob():
-    """bench/miniwob.py where it exists (the lead's MiniWoB bench), else the stand-in."""
-    for name in ("miniwob.py", "miniwob_rl.py"):
-        if (HERE / name).is_file():
-            return sibling(name, "bench_miniwob")
-    return StandIn
-
-
-SHARED = ("model", "iterations", "tasks", "group_size", "temperature", "max_tokens", "max_calls", "max_seq_len",
-          "concurrency")
-"""The settings taken from bench/miniwob.py's parser (its defaults) unless given here."""
+SHARED = ("model", "iterations", "tasks", "group_size", "temperature", "kl_beta", "max_tokens", "max_calls",
+          "max_seq_len", "concurrency")
+"""The settings whose defaults are bench/miniwob_rl.py's (its parser's)."""
 
 
 def defaults(mw) -> dict:
-    own = getattr(mw, "parser", None) or StandIn.parser
-    values = vars(own().parse_args([]))
-    fallback = vars(StandIn.parser().parse_args([]))
-    return {k: values.get(k, fallback[k]) for k in SHARED}
+    values = vars(mw.parser().parse_args([]))
+    return {k: values[k] for k in SHARED}
 
 
 def trl_python() -> Path:
     """TRL's venv (bench/vs_trl.py's, made and pinned there), with the browser stack added: Playwright
     and the `miniwob` pages (no dependencies: only its html/ folder is served) at constraints.txt's
     versions."""
-    vs_trl = sibling("vs_trl.py", "bench_vs_trl")
+    import vs_trl
+
     python = vs_trl.trl_python()
     pins = {line.split("==")[0].strip(): line.strip() for line in (ROOT / "constraints.txt").read_text().splitlines()
             if line.strip().startswith(("playwright==", "miniwob=="))}
@@ -256,7 +176,8 @@ def run_forge(seed: int, args, mw, env, folder: Path) -> dict:
     try:
         config = fb.GRPOConfig(
             group_size=args.group_size, tasks_per_iteration=args.tasks, concurrency=args.concurrency,
-            credit=args.credit, max_seq_len=args.max_seq_len, lr=args.lr,
+            credit=args.credit, max_seq_len=args.max_seq_len, lr=args.lr, kl_beta=args.kl_beta,
+            skip_uniform_groups=args.kl_beta == 0,  # as bench/miniwob_rl.py runs it
             minibatch_size=args.tasks * args.group_size * args.max_calls,  # one optimiser step per iteration
             run_name="fb", out_dir=str(folder / "run"), seed=seed, progress=not args.quiet, report_to=())
         trainer = fb.GRPOTrainer(policy, config, recorder=fb.Recorder(store))
@@ -299,7 +220,8 @@ def run_trl(seed: int, args, python: Path, ours: dict, folder: Path) -> dict:
     from forge_bridge.core.store import TrajectoryStore
     from forge_bridge.policies.models import model_path
 
-    vs_trl = sys.modules.get("bench_vs_trl") or sibling("vs_trl.py", "bench_vs_trl")
+    import vs_trl
+
     # the problems in the order forge-bridge's schedule drew them, each with the token ids its agent's
     # first model call was given (the peer checks that TRL renders the same)
     with TrajectoryStore(folder / "trajectories.db") as store:
@@ -394,6 +316,7 @@ def parser(shared: dict) -> argparse.ArgumentParser:
     p.add_argument("--tasks", type=int, default=shared["tasks"], help="training problems per iteration")
     p.add_argument("--group-size", type=int, default=shared["group_size"], help="rollouts per problem")
     p.add_argument("--temperature", type=float, default=shared["temperature"])
+    p.add_argument("--kl-beta", type=float, default=shared["kl_beta"], help="KL to the base, both trainers")
     p.add_argument("--max-tokens", type=int, default=shared["max_tokens"], help="new tokens per model call")
     p.add_argument("--max-calls", type=int, default=shared["max_calls"], help="model calls per episode")
     p.add_argument("--max-seq-len", type=int, default=shared["max_seq_len"])
@@ -414,7 +337,9 @@ def parser(shared: dict) -> argparse.ArgumentParser:
 
 
 def main() -> int:
-    mw = bench_miniwob()
+    import miniwob_rl as mw
+    import vs_trl_miniwob_peer as peer
+
     args = parser(defaults(mw)).parse_args()
     args.system = mw.SYSTEM
     if args.trl_microbatch < 1 or (args.group_size * args.tasks) % args.trl_microbatch:
@@ -427,7 +352,6 @@ def main() -> int:
         sys.exit(f"--out {out} holds a run with other settings ({saved}): name another folder")
     saved.write_text(json.dumps(same, indent=1))
     python = trl_python()
-    peer = sibling("vs_trl_miniwob_peer.py", "bench_vs_trl_miniwob_peer")
     env = shared_env(peer)
     print(f"== settings: {json.dumps(same)}", flush=True)
     base = None if args.no_base else score_adapter(args, mw, env, None, out, "base")

@@ -40,10 +40,6 @@ import time
 import types
 from pathlib import Path
 
-# bench/ is not an import root here: a bench/miniwob.py there would hide the `miniwob` package
-# whose pages the environment serves
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
 
 def forge_reader(tokenizer, tool_schemas: list[dict]):
     """A `parse_response` for the tokenizer that reads calls as `LocalPolicy` does."""
