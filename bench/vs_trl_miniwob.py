@@ -169,7 +169,8 @@ def run_forge(seed: int, args, mw, env, folder: Path) -> dict:
         import shutil
 
         shutil.rmtree(folder / "run")
-        (folder / "trajectories.db").unlink(missing_ok=True)
+        for name in ("trajectories.db", "trajectories.db-wal", "trajectories.db-shm"):
+            (folder / name).unlink(missing_ok=True)
     torch.manual_seed(seed)
     store = TrajectoryStore(folder / "trajectories.db")
     policy = fb.LocalPolicy(args.model, max_batch=args.concurrency)
