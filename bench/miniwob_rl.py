@@ -97,20 +97,21 @@ def splits() -> dict[str, list]:
     }
 
 
-def agent(policy, args, **sampling):
-    """The agent every arm runs (and the teacher through it): HarnessAgent on a fresh MiniWoB page."""
+def agent(policy, args, env=None, **sampling):
+    """The agent every arm runs (and the teacher through it): HarnessAgent on a fresh MiniWoB page
+    (`env`: the environment class, MiniWoBEnvironment unless given)."""
     from forge_bridge.envs.harness import HarnessAgent
     from forge_bridge.envs.miniwob import MiniWoBEnvironment
 
-    return HarnessAgent(policy, MiniWoBEnvironment, system=SYSTEM, max_model_calls=args.max_calls,
+    return HarnessAgent(policy, env or MiniWoBEnvironment, system=SYSTEM, max_model_calls=args.max_calls,
                         max_tokens=args.max_tokens, **sampling)
 
 
-def evaluate(policy, tasks, store, run_id: str, args) -> dict:
+def evaluate(policy, tasks, store, run_id: str, args, env=None) -> dict:
     """Greedy episodes of `tasks`; per family: success, mean reward, steps per episode."""
     import forge_bridge as fb
 
-    harness = agent(policy, args)
+    harness = agent(policy, args, env)
 
     def one(task) -> tuple[str, float, int]:
         with fb.sampling(temperature=0):
@@ -130,7 +131,7 @@ def evaluate(policy, tasks, store, run_id: str, args) -> dict:
     for d in per.values():
         for key in ("success", "reward", "steps"):
             d[key] /= d["n"]
-    return {"families": per, "success": sum(r >= 1.0 for _, r, _ in rows) / len(rows),
+    return {"families": per, "success": sum(r >= 1.0 for _, r, _ in rows) / len(rows), "n": len(rows),
             "wall_s": time.perf_counter() - t0}
 
 

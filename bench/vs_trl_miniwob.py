@@ -66,7 +66,6 @@ import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -115,38 +114,6 @@ def shared_env(peer):
     return SameToolsMiniWoB
 
 
-def agent(policy, args, env, **sampling):
-    from forge_bridge.envs.harness import HarnessAgent
-
-    return HarnessAgent(policy, env, system=args.system, max_model_calls=args.max_calls,
-                        max_tokens=args.max_tokens, **sampling)
-
-
-def evaluate(policy, tasks, store, run_id: str, args, env) -> dict:
-    """Greedy episodes of `tasks` through the one agent; success per family and overall."""
-    import forge_bridge as fb
-
-    harness = agent(policy, args, env)
-
-    def one(task) -> tuple[str, float, int]:
-        with fb.sampling(temperature=0):
-            traj = harness.run(task, recorder=fb.Recorder(store, run_id))
-        return task.name, float(traj.reward or 0.0), len(traj)
-
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(args.concurrency) as pool:
-        rows = list(pool.map(one, tasks))
-    per: dict[str, dict] = {}
-    for name, reward, steps in rows:
-        d = per.setdefault(name, {"n": 0, "success": 0, "reward": 0.0, "steps": 0})
-        d["n"] += 1
-        d["success"] += reward >= 1.0
-        d["reward"] += reward
-        d["steps"] += steps
-    return {"success": sum(r >= 1.0 for _, r, _ in rows) / len(rows), "n": len(rows), "families": per,
-            "wall_s": time.perf_counter() - t0}
-
-
 def held_out(mw, args) -> list:
     tasks = mw.splits()["held_out"]
     if args.eval_tasks and args.eval_tasks < len(tasks):
@@ -191,11 +158,11 @@ def run_forge(seed: int, args, mw, env, folder: Path) -> dict:
             return drawn[it]
 
         t0 = time.perf_counter()
-        history = trainer.train(agent(policy, args, env, temperature=args.temperature), schedule,
+        history = trainer.train(mw.agent(policy, args, env, temperature=args.temperature), schedule,
                                 iterations=args.iterations)
         rl_s = time.perf_counter() - t0
         trainer.close()
-        score = evaluate(policy, held_out(mw, args), store, "eval-forge-bridge", args, env)
+        score = mw.evaluate(policy, held_out(mw, args), store, "eval-forge-bridge", args, env)
     finally:
         policy.close()
         store.close()
@@ -263,7 +230,7 @@ def score_adapter(args, mw, env, adapter: Path | None, folder: Path, name: str) 
         if adapter is not None:
             policy.load_adapter(adapter, name)
         with TrajectoryStore(folder / f"{name}.db") as store:
-            score = evaluate(policy, held_out(mw, args), store, f"eval-{name}", args, env)
+            score = mw.evaluate(policy, held_out(mw, args), store, f"eval-{name}", args, env)
     finally:
         policy.close()
     path.write_text(json.dumps(score, indent=1))
