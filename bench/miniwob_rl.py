@@ -97,6 +97,12 @@ def splits() -> dict[str, list]:
     }
 
 
+def draw(pool: list, seed: int, iteration: int, n: int) -> list:
+    """The `n` training problems iteration `iteration` of seed `seed` runs (every bench that
+    trains on these splits draws them so)."""
+    return random.Random(seed * 100_003 + iteration).sample(pool, n)
+
+
 def agent(policy, args, env=None, **sampling):
     """The agent every arm runs (and the teacher through it): HarnessAgent on a fresh MiniWoB page
     (`env`: the environment class, MiniWoBEnvironment unless given)."""
@@ -171,7 +177,7 @@ def run_cell(arm: str, seed: int, args) -> dict:
         pool = split["train"]
 
         def schedule(it: int) -> list:
-            return random.Random(seed * 100_003 + it).sample(pool, args.tasks)
+            return draw(pool, seed, it, args.tasks)
 
         t_rl = time.perf_counter()
         history = trainer.train(agent(policy, args, temperature=args.temperature), schedule,

@@ -61,7 +61,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -154,7 +153,7 @@ def run_forge(seed: int, args, mw, env, folder: Path) -> dict:
         drawn: dict[int, list] = {}
 
         def schedule(it: int) -> list:
-            drawn[it] = random.Random(seed * 100_003 + it).sample(pool, args.tasks)
+            drawn[it] = mw.draw(pool, seed, it, args.tasks)
             return drawn[it]
 
         t0 = time.perf_counter()
