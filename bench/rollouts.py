@@ -11,7 +11,13 @@ together with the same prompt, sampled at T=1 with a seed each, up to 64 tokens.
 - `openvino`: OpenVINOPolicy (OpenVINO GenAI's continuous-batching pipeline, `policies/openvino.py`)
   on the IR exported from the same folder, with `--openvino-weights` (fp32 by default; int8 for
   speed) and `--openvino-precision` (f32 by default; bf16 where the CPU has it); its prefix
-  caching is off (its blocks are keyed by tokens, not by adapter).
+  caching is off (its blocks are keyed by tokens, not by adapter);
+- `ortgenai`: ONNX Runtime GenAI (`onnxruntime-genai`, the `onnx` extra) on the model its builder
+  converts from the same folder (`--ortgenai-precision`: fp32, int8, int4; cached under the models
+  cache), in this process. Its `Generator` is a static batch, so a cell is one batch of n prompts
+  (left-padded to the longest), sampled at T=1 over the whole vocabulary with one seed for the
+  batch (a generator has one random stream, not one per row), each step's logits read back
+  (`get_logits`) for the sampled tokens' logprobs, as a policy would need them.
 
 Each cell asks questions no earlier cell asked, and the embedded engine keeps no finished call's KV
 (`prefix_cache_tokens=0`): a group's first call comes after an update, under a new version.
@@ -23,6 +29,7 @@ machine's bf16 and fp32 matmul rate, measured in the same run (`policies/machine
     .venv/bin/python bench/rollouts.py                                   # both models, 8 and 32 agents
     .venv/bin/python bench/rollouts.py --models smollm2-135m-instruct --agents 8 --no-vllm
     .venv/bin/python bench/rollouts.py --engines openvino --openvino-weights int8 --openvino-precision bf16
+    .venv/bin/python bench/rollouts.py --engines local-shared ortgenai --ortgenai-precision fp32 int4
 
 Not covered: multi-step episodes (the prefix cache reuses a finished call's KV there; this is a
 group's first call), a GPU. The other CPU engines the rollout issue names are in docs/engines.md.
@@ -31,7 +38,13 @@ group's first call), a GPU. The other CPU engines the rollout issue names are in
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -40,7 +53,8 @@ TOOLS = [{"type": "function", "function": {"name": name, "description": f"{verb}
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
     for name, verb in (("add", "Add"), ("multiply", "Multiply"))]
 GROUP = 8
-ENGINES = ("local", "local-shared", "vllm", "openvino")
+ENGINES = ("local", "local-shared", "vllm", "openvino", "ortgenai")
+ORTGENAI_PRECISIONS = ("fp32", "int8", "int4")
 
 
 def load(agents: int, cell: int) -> list[tuple[list[dict], int]]:
@@ -80,6 +94,90 @@ def run_cell(policy, agents: int, max_tokens: int, cell: int) -> dict:
     return cell
 
 
+def ortgenai_model(model_dir: str, precision: str = "fp32") -> Path:
+    """The model folder converted by ONNX Runtime GenAI's model builder for the CPU, once, offline:
+    cached under `<cache>/models/ortgenai/<folder>-<precision>-<stamp>`, the stamp naming the source
+    folder and its files' sizes and times (as `policies/openvino_ir.py` does for the IR)."""
+    from forge_bridge.policies.models import cache_dir
+
+    if precision not in ORTGENAI_PRECISIONS:
+        raise ValueError(f"precision: expected one of {ORTGENAI_PRECISIONS}, got {precision!r}")
+    source = Path(model_dir)
+    digest = hashlib.sha256(str(source.resolve()).encode())
+    for f in sorted(p for p in source.iterdir() if p.is_file()):
+        st = f.stat()
+        digest.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    target = cache_dir() / "models" / "ortgenai" / f"{source.name}-{precision}-{digest.hexdigest()[:12]}"
+    if (target / "genai_config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source), "-o", str(tmp / "model"),
+               "-p", precision, "-e", "cpu", "-c", str(tmp / "cache")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # a local conversion
+    print(f"converting {source} for ONNX Runtime GenAI ({precision}) ...", flush=True)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
+        if done.returncode != 0 or not (tmp / "model" / "genai_config.json").is_file():
+            raise RuntimeError(f"the model builder failed (exit {done.returncode}):\n{(done.stderr or done.stdout)[-3000:]}")
+        (tmp / "model").rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+class OrtGenAIEngine:
+    """ONNX Runtime GenAI's generator on a converted model, fed this repository's prompt ids."""
+
+    def __init__(self, model_dir: str, precision: str) -> None:
+        import onnxruntime_genai as og
+
+        from forge_bridge.policies import models
+
+        self.og, self.path = og, ortgenai_model(model_dir, precision)
+        self.model = og.Model(str(self.path))
+        self.tokenizer = models.load_tokenizer(model_dir)
+        self.eos_id = int(self.tokenizer.eos_token_id)  # as LocalPolicy: the tokenizer's end token only
+        self.pad_id = json.loads((self.path / "genai_config.json").read_text())["model"]["pad_token_id"]
+        self.vocab = json.loads((self.path / "genai_config.json").read_text())["model"]["vocab_size"]
+
+    def run_cell(self, agents: int, max_tokens: int, cell: int) -> dict:
+        """The cell's n prompts as one batch: wall seconds (prompt ids to the last token and its
+        logprob), prompt and completion tokens."""
+        import numpy as np
+
+        from forge_bridge.policies.messages import prompt_ids
+
+        plan = load(agents, cell)
+        t0 = time.perf_counter()
+        prompts = [prompt_ids(self.tokenizer, messages, TOOLS) for messages, _ in plan]
+        width = max(map(len, prompts))
+        batch = np.array([[self.pad_id] * (width - len(p)) + p for p in prompts], dtype=np.int32)
+        params = self.og.GeneratorParams(self.model)
+        params.set_search_options(batch_size=agents, max_length=width + max_tokens, do_sample=True,
+                                  temperature=1.0, top_k=self.vocab, top_p=1.0, random_seed=plan[0][1])
+        generator = self.og.Generator(self.model, params)
+        generator.append_tokens(batch)
+        tokens: list[list[int]] = [[] for _ in range(agents)]
+        logprobs: list[list[float]] = [[] for _ in range(agents)]
+        done = [False] * agents
+        while not generator.is_done() and not all(done):
+            logits = generator.get_logits()  # the distribution the next tokens are drawn from
+            logits = logits.reshape(agents, -1, logits.shape[-1])[:, -1, :]
+            generator.generate_next_token()
+            chosen = generator.get_next_tokens()
+            top = logits.max(axis=-1, keepdims=True)
+            lse = (top + np.log(np.exp(logits - top).sum(axis=-1, keepdims=True)))[:, 0]
+            for i in range(agents):
+                if not done[i]:
+                    tokens[i].append(int(chosen[i]))
+                    logprobs[i].append(float(logits[i, chosen[i]] - lse[i]))
+                    done[i] = chosen[i] == self.eos_id or len(tokens[i]) >= max_tokens
+        wall = time.perf_counter() - t0
+        return {"wall_s": wall, "prompt_tokens": sum(map(len, prompts)), "padded_prompt_tokens": batch.size,
+                "completion_tokens": sum(map(len, tokens)), "batch_steps": max(map(len, tokens))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"])
@@ -89,6 +187,8 @@ def main() -> None:
     parser.add_argument("--no-vllm", action="store_true", help="leave vllm out of --engines")
     parser.add_argument("--openvino-weights", default="fp32", help="the IR's weights: fp32, fp16, int8, int4")
     parser.add_argument("--openvino-precision", default="f32", help="OpenVINO's inference precision: f32, bf16")
+    parser.add_argument("--ortgenai-precision", nargs="+", default=["int4"], choices=ORTGENAI_PRECISIONS,
+                        help="the ONNX Runtime GenAI builder's precision(s) (its -p): fp32, int8, int4")
     parser.add_argument("--out", type=Path, default=Path("runs/rollouts.json"))
     args = parser.parse_args()
 
@@ -126,6 +226,16 @@ def main() -> None:
                             **run_cell(policy, n, args.max_tokens, cell=k)}
                     results["cells"].append(cell)
                     print(json.dumps(cell), flush=True)
+        if "ortgenai" in args.engines:
+            for precision in args.ortgenai_precision:
+                ort_engine = OrtGenAIEngine(model_dir, precision)
+                ort_engine.run_cell(2, 8, cell=0)  # warm-up
+                for k, n in enumerate(args.agents, 1):
+                    cell = {"model": name, "engine": f"ortgenai {precision}", "agents": n, "dtype": precision,
+                            **ort_engine.run_cell(n, args.max_tokens, cell=k)}
+                    results["cells"].append(cell)
+                    print(json.dumps(cell), flush=True)
+                del ort_engine
         if "vllm" in args.engines and not args.no_vllm:
             from forge_bridge.policies.vllm import VLLMPolicy
             from forge_bridge.policies.vllm_server import VLLMServer

