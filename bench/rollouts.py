@@ -12,7 +12,7 @@ together with the same prompt, sampled at T=1 with a seed each, up to 64 tokens.
   on the IR exported from the same folder, with `--openvino-weights` (fp32 by default; int8 for
   speed) and `--openvino-precision` (f32 by default; bf16 where the CPU has it); its prefix
   caching is off (its blocks are keyed by tokens, not by adapter);
-- `ortgenai`: ONNX Runtime GenAI (`onnxruntime-genai`, the `onnx` extra) on the model its builder
+- `ortgenai`: ONNX Runtime GenAI (`onnxruntime-genai`, the `ortgenai` extra) on the model its builder
   converts from the same folder (`--ortgenai-precision`: fp32, int8, int4; cached under the models
   cache), in this process. Its `Generator` is a static batch, so a cell is one batch of n prompts
   (left-padded to the longest), sampled at T=1 over the whole vocabulary with one seed for the
