@@ -38,7 +38,6 @@ group's first call), a GPU. The other CPU engines the rollout issue names are in
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -99,15 +98,12 @@ def ortgenai_model(model_dir: str, precision: str = "fp32") -> Path:
     cached under `<cache>/models/ortgenai/<folder>-<precision>-<stamp>`, the stamp naming the source
     folder and its files' sizes and times (as `policies/openvino_ir.py` does for the IR)."""
     from forge_bridge.policies.models import cache_dir
+    from forge_bridge.policies.openvino_ir import stamp
 
     if precision not in ORTGENAI_PRECISIONS:
         raise ValueError(f"precision: expected one of {ORTGENAI_PRECISIONS}, got {precision!r}")
     source = Path(model_dir)
-    digest = hashlib.sha256(str(source.resolve()).encode())
-    for f in sorted(p for p in source.iterdir() if p.is_file()):
-        st = f.stat()
-        digest.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    target = cache_dir() / "models" / "ortgenai" / f"{source.name}-{precision}-{digest.hexdigest()[:12]}"
+    target = cache_dir() / "models" / "ortgenai" / f"{source.name}-{precision}-{stamp(source, precision)}"
     if (target / "genai_config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -138,8 +134,8 @@ class OrtGenAIEngine:
         self.model = og.Model(str(self.path))
         self.tokenizer = models.load_tokenizer(model_dir)
         self.eos_id = int(self.tokenizer.eos_token_id)  # as LocalPolicy: the tokenizer's end token only
-        self.pad_id = json.loads((self.path / "genai_config.json").read_text())["model"]["pad_token_id"]
-        self.vocab = json.loads((self.path / "genai_config.json").read_text())["model"]["vocab_size"]
+        config = json.loads((self.path / "genai_config.json").read_text())["model"]
+        self.pad_id, self.vocab = config["pad_token_id"], config["vocab_size"]
 
     def run_cell(self, agents: int, max_tokens: int, cell: int) -> dict:
         """The cell's n prompts as one batch: wall seconds (prompt ids to the last token and its

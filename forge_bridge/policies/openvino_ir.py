@@ -50,8 +50,9 @@ def find_exporter_python() -> str:
                       "FORGE_BRIDGE_OPENVINO_EXPORT_PYTHON to a Python with optimum-intel[openvino]")
 
 
-def _stamp(model_dir: Path, weight_format: str) -> str:
-    """Names the source folder and its files' sizes and times: a changed model gets a new IR."""
+def stamp(model_dir: Path, weight_format: str) -> str:
+    """Names the source folder and its files' sizes and times: a changed model gets a new
+    conversion (the IR here, bench/rollouts.py's ONNX Runtime GenAI model)."""
     digest = hashlib.sha256(str(model_dir.resolve()).encode())
     for f in sorted(p for p in model_dir.iterdir() if p.is_file()):
         st = f.stat()
@@ -65,7 +66,7 @@ def ir_dir(model_dir: str | os.PathLike, weight_format: str = "fp32") -> Path:
     from forge_bridge.policies.models import cache_dir
 
     source = Path(model_dir)
-    return cache_dir() / "models" / "openvino" / f"{source.name}-{weight_format}-{_stamp(source, weight_format)}"
+    return cache_dir() / "models" / "openvino" / f"{source.name}-{weight_format}-{stamp(source, weight_format)}"
 
 
 def export(model_dir: str | os.PathLike, weight_format: str = "fp32", *, python: str | None = None,
