@@ -162,16 +162,17 @@ def run_cell(arm: str, seed: int, args) -> dict:
         result["validation"] = evaluate(policy, split["validation"], store, "val-base", args)
     else:
         guided = arm == "guided"
+        # the teacher first: the trainer measures what the process holds when it is built, and
+        # cuts each update into microbatches that fit `--max-memory-gb` on top of that
+        teacher = fb.LocalPolicy(TEACHER, max_batch=args.concurrency) if guided else None
         trainer = fb.GRPOTrainer(policy, fb.GRPOConfig(
             group_size=args.group_size, tasks_per_iteration=args.tasks, concurrency=args.concurrency,
             credit="trajectory" if arm == "grpo-trajectory" else "anchor", max_seq_len=args.max_seq_len,
-            kl_beta=args.kl_beta, skip_uniform_groups=args.kl_beta == 0,
+            kl_beta=args.kl_beta, skip_uniform_groups=args.kl_beta == 0, max_memory_gb=args.max_memory_gb,
             run_name=arm, out_dir=str(out / "run"), seed=seed, progress=not args.quiet,
             guidance=fb.Guidance(below=args.guide_below, k=2, source="teacher") if guided else None),
             recorder=fb.Recorder(store))
-        teacher = None
-        if guided:  # the bigger model through the same agent: guides for the groups that fail
-            teacher = fb.LocalPolicy(TEACHER, max_batch=args.concurrency)
+        if teacher is not None:  # the bigger model through the same agent: guides for the groups that fail
             trainer.use_teacher(fb.Teacher(policy=teacher, make_rollout=lambda p: agent(
                 p, args, temperature=args.temperature)))
         pool = split["train"]
@@ -262,6 +263,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-calls", type=int, default=5, help="model calls per episode (then truncated)")
     p.add_argument("--max-seq-len", type=int, default=2048)
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--max-memory-gb", type=float,
+                   help="the update's peak (GRPOConfig.max_memory_gb); unset, 8 sequences a microbatch: the "
+                        "0.5B's update of 8 page-long sequences alone reaches ~15 GiB")
     p.add_argument("--guide-below", type=float, default=0.0, help="guided arm: groups at or below this success")
     p.add_argument("--resume", action="store_true", help="continue a cell's interrupted training run")
     p.add_argument("--limit", type=int, help="evaluate only this many tasks of each split (a quick try)")
