@@ -110,16 +110,16 @@ class LocalPolicy(Policy):
 
         self.model_path = str(model) if isinstance(model, (str, Path)) else None
         """Where the base model came from (a trainer loads its own copy from there)."""
-        if isinstance(model, (str, Path)):
-            model, loaded_tok = models.load(str(model))
-            tokenizer = tokenizer or loaded_tok
-        elif tokenizer is None:
+        if not isinstance(model, (str, Path)) and tokenizer is None:
             raise WrongType("LocalPolicy(model, tokenizer): a model object needs its tokenizer")
         check_settings(dtype, tool_format, max_batch, threads, prefix_cache_tokens)
         self.device = resolve_device(device)
         """Where the model runs ('cuda', 'mps' or 'cpu')."""
         if dtype == "auto":
             dtype = "bfloat16" if bf16_supported(self.device) else "float32"
+        if isinstance(model, (str, Path)):  # read in the dtype it runs in: no float32 copy on the way
+            model, loaded_tok = models.load(str(model), dtype=getattr(torch, dtype))
+            tokenizer = tokenizer or loaded_tok
         self.threads = threads or max(1, torch.get_num_threads() - 1)
         """Intra-op threads of the decoding worker."""
         self._prefixes = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None

@@ -94,3 +94,19 @@ def test_the_embedded_policy_runs_on_its_device():
         assert len(out.completion_token_ids) == len(out.completion_logprobs) >= 1
     finally:
         policy.close()
+
+
+def test_a_named_model_is_read_in_the_policys_dtype_not_through_a_float32_copy(tmp_path, monkeypatch):
+    path = models.save(*models.tiny(), tmp_path / "model")
+    asked = []
+    load = models.load
+    monkeypatch.setattr(models, "load", lambda name, dtype=None: asked.append(dtype) or load(name, dtype=dtype))
+    with pytest.raises(InvalidArgument, match="dtype"):
+        LocalPolicy(str(path), dtype="float16")
+    assert asked == []  # refused before anything was read
+    policy = LocalPolicy(str(path), dtype="bfloat16")
+    try:
+        assert asked == [torch.bfloat16]
+        assert {p.dtype for p in policy.model.parameters()} == {torch.bfloat16}
+    finally:
+        policy.close()
