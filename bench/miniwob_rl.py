@@ -264,8 +264,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-len", type=int, default=2048)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--max-memory-gb", type=float,
-                   help="the update's peak (GRPOConfig.max_memory_gb); unset, 8 sequences a microbatch: the "
-                        "0.5B's update of 8 page-long sequences alone reaches ~15 GiB")
+                   help="the update's peak (GRPOConfig.max_memory_gb); unset, 8 sequences a microbatch (the "
+                        "0.5B's grpo cells peaked at 19-21 GiB so)")
     p.add_argument("--guide-below", type=float, default=0.0, help="guided arm: groups at or below this success")
     p.add_argument("--resume", action="store_true", help="continue a cell's interrupted training run")
     p.add_argument("--limit", type=int, help="evaluate only this many tasks of each split (a quick try)")
